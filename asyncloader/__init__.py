@@ -1,0 +1,27 @@
+"""asyncloader: feeds PyTorch training loops faster than DataLoader when data sits behind latency.
+
+Import everything from here::
+
+    from asyncloader import AsyncLoader, get_worker_info
+"""
+
+from asyncloader._pipeline import LoaderStats
+from asyncloader._worker import WorkerInfo, get_worker_info
+from asyncloader.errors import (
+    AsyncLoaderError,
+    LoaderTimeoutError,
+    RemoteTraceback,
+    WorkerCrashedError,
+)
+from asyncloader.loader import AsyncLoader
+
+__all__ = [
+    "AsyncLoader",
+    "AsyncLoaderError",
+    "LoaderStats",
+    "LoaderTimeoutError",
+    "RemoteTraceback",
+    "WorkerCrashedError",
+    "WorkerInfo",
+    "get_worker_info",
+]

@@ -1,0 +1,70 @@
+"""A failed batch, carried through the pipeline in place of the batch and raised in order.
+
+A :class:`Failure` keeps the user's exception with its type, attributes and notes. When it
+crosses a process boundary it pickles without calling the exception's constructor, so
+exceptions whose ``__init__`` takes extra arguments survive the trip (plain pickling of such
+exceptions fails, which breaks ``ProcessPoolExecutor``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from asyncloader.errors import RemoteTraceback
+
+_MAX_INDICES_SHOWN = 16
+
+
+def describe(stage: str, seq: int, indices: Sequence[Any], index: Any = None) -> str:
+    """The note added to a user exception: which stage failed on which samples."""
+    shown = list(indices[:_MAX_INDICES_SHOWN])
+    more = f" +{len(indices) - len(shown)} more" if len(indices) > len(shown) else ""
+    where = f" index={index!r}" if index is not None else ""
+    return f"asyncloader: stage={stage} batch={seq}{where} indices={shown}{more}"
+
+
+class Failure:
+    """Stands in for the result of one batch whose stage raised ``exc``."""
+
+    __slots__ = ("exc", "tb")
+
+    def __init__(self, exc: BaseException, tb: str) -> None:
+        self.exc = exc
+        self.tb = tb
+
+    @classmethod
+    def capture(
+        cls, exc: BaseException, stage: str, seq: int, indices: Sequence[Any], index: Any = None
+    ) -> Failure:
+        """Annotates ``exc`` with the stage and samples and wraps it."""
+        exc.add_note(describe(stage, seq, indices, index))
+        return cls(exc, "".join(traceback.format_exception(exc)))
+
+    def reraise(self) -> NoReturn:
+        """Raises the user's exception in the consumer."""
+        raise self.exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {}
+        for key, value in vars(self.exc).items():
+            try:
+                pickle.dumps(value)
+            except Exception:
+                value = repr(value)
+            state[key] = value
+        return (_rebuild, (type(self.exc), self.exc.args, state, self.tb))
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict, tb: str) -> Failure:
+    """Recreates the exception in the receiving process, with the sender's traceback as cause."""
+    try:
+        exc = cls(*args)
+    except Exception:
+        exc = cls.__new__(cls, *args)
+        exc.args = args
+    vars(exc).update(state)
+    exc.__cause__ = RemoteTraceback(tb)
+    return Failure(exc, tb)

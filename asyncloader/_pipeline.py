@@ -1,0 +1,298 @@
+"""Wires the stages of one epoch inside one TaskGroup: start-up, the data path, shutdown order.
+
+::
+
+    sampler / iterable ─► admit (window permit) ─► fetch (loop, ≤ io_concurrency samples)
+                          └──────────────── batch:{seq} task ───────────────┘
+                                                 │
+                          transform + collate (executor, ≤ transform_window batches)
+                                                 │
+                          ReorderBuffer ─► consumer (permit returned on hand-over)
+
+Window invariant: ``permits.value + ahead == window``, where ``ahead`` counts the batches taken
+from the sampler and not yet handed to the consumer (being fetched, in the executor, in the
+reorder buffer, or in a hand-over queue). So memory held ahead of the consumer is bounded by
+``window`` batches whatever the consumer's speed or the order batches complete in.
+
+A stage exception inside a batch becomes a Failure delivered at that batch's turn; anything
+else (the sampler raising, a worker crash) fails the TaskGroup, which cancels every stage task
+and surfaces the first error to the consumer. Shutdown, on every path, awaits the stage tasks
+and then joins the epoch's threads and processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from asyncloader._config import Config
+from asyncloader._failure import Failure
+from asyncloader._fetch import Fetcher
+from asyncloader._pool import ProcessPool
+from asyncloader._reorder import ReorderBuffer
+from asyncloader._threads import run_in_thread
+from asyncloader._transform import Transformer
+from asyncloader._worker import BatchPlan
+from asyncloader.errors import AsyncLoaderError
+from asyncloader.sources import SourceKind
+
+PoolProvider = Callable[[BatchPlan], Awaitable[tuple[ProcessPool, bool]]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderStats:
+    """Counters of a loader's current (or last) epoch.
+
+    Attributes:
+        window: Bound on batches taken from the sampler and not yet handed to the consumer.
+        max_ahead: High-water mark of those batches; never exceeds ``window``.
+        io_concurrency: Bound on samples being fetched at once on the event loop.
+        max_fetching: High-water mark of those samples; never exceeds ``io_concurrency``.
+        batches: Batches handed to the consumer.
+    """
+
+    window: int
+    max_ahead: int
+    io_concurrency: int
+    max_fetching: int
+    batches: int
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The first leaf of a TaskGroup's exception group: the error that started the failure."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class Epoch:
+    """One pass over the source, consumed by exactly one iterator.
+
+    Args:
+        config: The loader's validated options.
+        acquire_pool: Returns the started process pool and whether this epoch owns it (and so
+            shuts it down); only called when ``config.num_workers > 0``.
+    """
+
+    def __init__(self, config: Config, acquire_pool: PoolProvider) -> None:
+        self._cfg = config
+        self._acquire_pool = acquire_pool
+        self._buffer = ReorderBuffer(config.in_order)
+        self._permits = asyncio.Semaphore(config.window)
+        self._ahead = 0
+        self._max_ahead = 0
+        self._batches = 0
+        self._inflight: dict[int, Sequence[Any]] = {}
+        self._fetcher: Fetcher | None = None
+        self._transformer: Transformer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.pool: ProcessPool | None = None
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task[None]:
+        """Starts the stage tasks on the running loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="asyncloader-epoch")
+        return self._task
+
+    async def next(self) -> Any:
+        """Waits for the next batch. Its window permit stays taken until :meth:`release`.
+
+        Raises:
+            StopAsyncIteration: The epoch is complete.
+        """
+        seq, item = await self._buffer.get()
+        self._inflight.pop(seq, None)
+        if isinstance(item, Failure):
+            item.reraise()
+        return item
+
+    def release(self) -> None:
+        """The consumer has received a batch: return its permit to the window."""
+        self._ahead -= 1
+        self._batches += 1
+        self._permits.release()
+
+    def describe_wait(self) -> str:
+        """What the consumer is waiting for, for timeout messages."""
+        seq = self._buffer.next_seq
+        if seq is None:
+            return "the next batch to complete (in_order=False)"
+        indices = self._inflight.get(seq)
+        if indices is None:
+            return f"batch {seq}, not yet taken from the sampler"
+        return f"batch {seq} with indices {list(indices)[:16]}"
+
+    @property
+    def stats(self) -> LoaderStats:
+        cfg = self._cfg
+        fetching = self._fetcher.max_fetching if self._fetcher else 0
+        return LoaderStats(cfg.window, self._max_ahead, cfg.io_concurrency, fetching, self._batches)
+
+    async def aclose(self) -> None:
+        """Cancels the stage tasks and waits until threads and processes are joined."""
+        task = self._task
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise
+
+    # -- producer side -------------------------------------------------------------------------
+
+    async def _admit(self) -> None:
+        await self._permits.acquire()
+        self._ahead += 1
+        self._max_ahead = max(self._max_ahead, self._ahead)
+
+    def _unadmit(self) -> None:
+        self._ahead -= 1
+        self._permits.release()
+
+    async def _run(self) -> None:
+        closers: list[Callable[[], None]] = []
+        try:
+            await self._set_up(closers)
+            batches = self._index_batches(closers)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    seq = 0
+                    while True:
+                        await self._admit()
+                        item = await anext(batches, None)
+                        if item is None:
+                            self._unadmit()
+                            break
+                        indices, samples = item
+                        self._inflight[seq] = indices
+                        tg.create_task(self._process(seq, indices, samples), name=f"batch:{seq}")
+                        seq += 1
+                    self._buffer.finish(seq)
+            finally:
+                await batches.aclose()
+        except asyncio.CancelledError:
+            self._buffer.fail(AsyncLoaderError("the epoch was closed before it finished"))
+            raise
+        except BaseException as exc:
+            self._buffer.fail(_unwrap(exc))
+        finally:
+            if closers:
+                await run_in_thread(lambda: [c() for c in reversed(closers)], "asyncloader-reaper")
+
+    async def _set_up(self, closers: list[Callable[[], None]]) -> None:
+        """Creates the fetcher and the transformer, and registers how to tear them down."""
+        cfg = self._cfg
+        loop = asyncio.get_running_loop()
+        plan = BatchPlan(
+            dataset=cfg.dataset if cfg.fetch_in_workers else None,
+            transform=cfg.transform,
+            collate=cfg.collate,
+            batched=cfg.batched,
+        )
+        if cfg.kind is SourceKind.ASYNC_MAP:
+            self._fetcher = Fetcher(cfg.dataset.__getitem__, cfg.io_concurrency)
+        elif cfg.kind is SourceKind.MAP and not cfg.fetch_in_workers:
+            threads = ThreadPoolExecutor(cfg.io_concurrency, "asyncloader-fetch")
+            closers.append(lambda: threads.shutdown(wait=True, cancel_futures=True))
+            getitem = cfg.dataset.__getitem__
+            self._fetcher = Fetcher(
+                lambda index: loop.run_in_executor(threads, getitem, index), cfg.io_concurrency
+            )
+        if cfg.num_workers > 0:
+            pool, owned = await self._acquire_pool(plan)
+            if owned:
+                closers.append(pool.shutdown)
+            self.pool = pool
+            self._transformer = Transformer(
+                pool.executor, cfg.transform_window, None, pool.describe_crash
+            )
+        elif cfg.executor is not None:
+            self._transformer = Transformer(cfg.executor, cfg.transform_window, plan)
+        else:
+            thread = ThreadPoolExecutor(1, "asyncloader-transform")
+            closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
+            self._transformer = Transformer(thread, cfg.transform_window, plan)
+
+    async def _process(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> None:
+        """Takes one batch through fetch and transform and into the reorder buffer."""
+        result: Any = samples
+        if samples is None and self._fetcher is not None:
+            result = await self._fetcher.fetch(seq, indices)
+        if not isinstance(result, Failure):
+            assert self._transformer is not None
+            result = await self._transformer.run(seq, indices, result)
+        self._buffer.put(seq, result)
+
+    async def _index_batches(
+        self, closers: list[Callable[[], None]]
+    ) -> AsyncIterator[tuple[Sequence[Any], list[Any] | None]]:
+        """Yields ``(indices, samples)``: samples is None where the fetch stage gets them."""
+        cfg = self._cfg
+        if cfg.kind.is_map:
+            source = cfg.batch_sampler if cfg.batch_sampler is not None else cfg.sampler
+            it = iter(source)
+            while True:
+                try:
+                    indices = next(it)
+                except StopIteration:
+                    return
+                except Exception as exc:
+                    exc.add_note("asyncloader: stage=sampler")
+                    raise
+                yield (indices if cfg.batched else [indices]), None
+            return
+        size = cfg.batch_size or 1
+        offsets = itertools.count()
+        pull = self._sync_puller(size, closers) if cfg.kind is SourceKind.ITERABLE else None
+        source_ait = aiter(cfg.dataset) if pull is None else None
+        try:
+            while True:
+                first = next(offsets)
+                try:
+                    if pull is not None:
+                        samples = await pull()
+                    else:
+                        samples = await _take_async(source_ait, size)
+                except Exception as exc:
+                    exc.add_note(f"asyncloader: stage=fetch stream_offset={first * size}")
+                    raise
+                if not samples or (cfg.drop_last and len(samples) < size):
+                    return
+                yield range(first * size, first * size + len(samples)), samples
+        finally:
+            if source_ait is not None and hasattr(source_ait, "aclose"):
+                await source_ait.aclose()
+
+    def _sync_puller(
+        self, size: int, closers: list[Callable[[], None]]
+    ) -> Callable[[], Awaitable[list[Any]]]:
+        """Pulls ``size`` items at a time from a sync iterable, off the loop's thread."""
+        loop = asyncio.get_running_loop()
+        thread = ThreadPoolExecutor(1, "asyncloader-source")
+        closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
+        dataset = self._cfg.dataset
+        state: dict[str, Any] = {}
+
+        def take() -> list[Any]:
+            if "it" not in state:
+                state["it"] = iter(dataset)
+            return list(itertools.islice(state["it"], size))
+
+        return lambda: loop.run_in_executor(thread, take)
+
+
+async def _take_async(ait: Any, size: int) -> list[Any]:
+    samples = []
+    for _ in range(size):
+        try:
+            samples.append(await anext(ait))
+        except StopAsyncIteration:
+            break
+    return samples

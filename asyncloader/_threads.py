@@ -1,0 +1,61 @@
+"""Threads the loader starts, and how the event loop waits for blocking calls without blocking.
+
+Every thread asyncloader starts is named ``asyncloader-*`` and joined before the epoch (or the
+loader) that started it is reported closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop when uvloop is installed, else the default asyncio loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+async def run_in_thread(fn: Callable[[], T], name: str) -> T:
+    """Runs blocking ``fn`` on a new thread named ``name`` and awaits it without blocking the loop.
+
+    Cancelling the awaiting task does not abandon ``fn``: the thread is joined before the
+    cancellation propagates, so nothing the call was tearing down is left half done.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(result)
+
+    def target() -> None:
+        try:
+            result, exc = fn(), None
+        except BaseException as e:
+            result, exc = None, e
+        with contextlib.suppress(RuntimeError):  # the loop closed while we ran
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        thread.join()
+        raise
+    finally:
+        if not thread.is_alive():
+            thread.join()

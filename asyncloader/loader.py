@@ -1,0 +1,291 @@
+"""AsyncLoader: the public loader, its async and sync iteration, and its lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+import torch
+
+from asyncloader._config import build_config
+from asyncloader._pipeline import Epoch, LoaderStats
+from asyncloader._pool import ProcessPool
+from asyncloader._sync import SyncIterator
+from asyncloader._threads import run_in_thread
+from asyncloader._worker import BatchPlan
+from asyncloader.errors import LoaderTimeoutError
+
+
+def _draw_seed(generator: torch.Generator | None) -> int:
+    """A base seed drawn as DataLoader draws it, so a seeded generator gives the same shuffle."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+class AsyncIterator:
+    """One epoch consumed with ``async for`` on the running loop."""
+
+    def __init__(self, epoch: Epoch, timeout: float) -> None:
+        self._epoch = epoch
+        self._timeout = timeout or None
+        self._started = False
+        self._done = False
+        self._finalizer: weakref.finalize | None = None
+
+    def __aiter__(self) -> AsyncIterator:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        if not self._started:
+            self._started = True
+            task = self._epoch.start()
+            loop = asyncio.get_running_loop()
+            self._finalizer = weakref.finalize(self, _cancel_threadsafe, loop, task)
+        try:
+            async with asyncio.timeout(self._timeout) as deadline:
+                batch = await self._epoch.next()
+        except TimeoutError:
+            if not deadline.expired():
+                await self.aclose()
+                raise
+            waited = self._epoch.describe_wait()
+            await self.aclose()
+            raise LoaderTimeoutError(
+                f"no batch within timeout={self._timeout}s while waiting for {waited}"
+            ) from None
+        except BaseException:
+            await self.aclose()
+            raise
+        self._epoch.release()
+        return batch
+
+    @property
+    def stats(self) -> LoaderStats:
+        return self._epoch.stats
+
+    async def aclose(self) -> None:
+        """Cancels the epoch and waits until its threads and processes are joined. Idempotent."""
+        self._done = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        await self._epoch.aclose()
+
+    async def __aenter__(self) -> AsyncIterator:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _cancel_threadsafe(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+    """Finalizer of a dropped async iterator (``break``): cancel its epoch; cleanup runs there."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(task.cancel)
+
+
+class _Resources:
+    """What a loader owns beyond one epoch: the persistent pool. Shared with its finalizer."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pool: ProcessPool | None = None
+
+    def close(self, warn: bool = False) -> None:
+        with self.lock:
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            if warn:
+                warnings.warn(
+                    "AsyncLoader with persistent_workers was never closed; call close() or use "
+                    "it as a context manager",
+                    ResourceWarning,
+                    stacklevel=2,
+                )
+            pool.shutdown()
+
+
+class AsyncLoader:
+    """Loads batches from ``dataset``: IO on an event loop, CPU work in a process pool.
+
+    Arguments mean what they mean for ``torch.utils.data.DataLoader`` where it has them, so
+    ``DataLoader(`` can be replaced by ``AsyncLoader(``.
+
+    Args:
+        dataset: Map-style (sync or ``async def __getitem__``) or iterable (``__iter__`` or
+            ``__aiter__``); torch ``Dataset`` and ``IterableDataset`` objects work unchanged.
+            Iterables are pulled once, in this process: workers never duplicate them.
+        batch_size: Samples per batch; ``None`` yields single samples (as DataLoader).
+        shuffle: Reshuffle every epoch (``RandomSampler`` with ``generator``).
+        sampler: Any torch ``Sampler`` or iterable of indices (``DistributedSampler``...).
+        batch_sampler: Yields lists of indices; exclusive with batch_size, shuffle, sampler,
+            drop_last.
+        drop_last: Drop the last incomplete batch.
+        collate_fn: Turns a list of samples into a batch; default ``default_collate``.
+        transform: Picklable ``fn(sample) -> sample``, run in the executor before collate.
+        num_workers: Worker processes to start (transform and collate run there, and a sync
+            ``__getitem__`` too); 0 runs them in threads of this process.
+        executor: Any ``concurrent.futures.Executor`` to use instead of asyncloader's pool
+            (exclusive with num_workers; size the window with ``prefetch``).
+        io_concurrency: Samples at most being fetched at once on the event loop (a sync
+            ``__getitem__`` with num_workers=0 runs in up to this many threads).
+        prefetch: Batches in the executor per worker (per executor without workers).
+        in_order: Yield batches in sampler order; ``False`` yields them as they complete.
+        pin_memory: Pin batches in page-locked memory (a no-op with a warning without CUDA).
+        device: Copy batches to this device (``"cuda"``, a ``torch.device``...).
+        timeout: Seconds to wait for one batch; 0 waits for ever. Raises LoaderTimeoutError.
+        worker_init_fn: Called as ``fn(worker_id)`` in each worker after seeding.
+        persistent_workers: Keep the worker processes across epochs.
+        mp_context: Start method name or multiprocessing context for the workers; default
+            ``forkserver`` on Linux (safe with the loader's threads), ``spawn`` elsewhere.
+        generator: ``torch.Generator`` for shuffling and the workers' base seed.
+
+    Memory bound: at most ``stats.window`` batches are taken from the sampler and not yet
+    handed to the consumer: ``prefetch * max(1, num_workers)`` in the executor plus, where
+    samples are fetched in this process, ``ceil(io_concurrency / batch_size)`` being fetched.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        /,
+        *,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        num_workers: int = 0,
+        executor: Executor | None = None,
+        io_concurrency: int = 64,
+        prefetch: int = 2,
+        in_order: bool = True,
+        pin_memory: bool = False,
+        device: str | torch.device | None = None,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        persistent_workers: bool = False,
+        mp_context: Any = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self._cfg = build_config(
+            dataset,
+            batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+            batch_sampler=batch_sampler, drop_last=drop_last, collate_fn=collate_fn,
+            transform=transform, num_workers=num_workers, executor=executor,
+            io_concurrency=io_concurrency, prefetch=prefetch, in_order=in_order,
+            pin_memory=pin_memory, device=device, timeout=timeout,
+            worker_init_fn=worker_init_fn, persistent_workers=persistent_workers,
+            mp_context=mp_context, generator=generator,
+        )  # fmt: skip
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, self._resources.close, True)
+        self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._last: Epoch | None = None
+        self._persistent_seed: int | None = None
+
+    # DataLoader's attributes, read-only.
+    dataset = property(lambda self: self._cfg.dataset)
+    batch_size = property(lambda self: self._cfg.batch_size)
+    drop_last = property(lambda self: self._cfg.drop_last)
+    sampler = property(lambda self: self._cfg.sampler)
+    batch_sampler = property(lambda self: self._cfg.batch_sampler)
+    num_workers = property(lambda self: self._cfg.num_workers)
+    generator = property(lambda self: self._cfg.generator)
+
+    def __len__(self) -> int:
+        """Batches per epoch. Raises TypeError when the source has no length."""
+        cfg = self._cfg
+        if cfg.kind.is_map:
+            return len(cfg.batch_sampler if cfg.batch_sampler is not None else cfg.sampler)
+        n = len(cfg.dataset)
+        if cfg.batch_size is None:
+            return n
+        return n // cfg.batch_size if cfg.drop_last else -(-n // cfg.batch_size)
+
+    @property
+    def stats(self) -> LoaderStats:
+        """Counters of the current (or last) epoch: window, high-water marks, batches."""
+        if self._last is None:
+            cfg = self._cfg
+            return LoaderStats(cfg.window, 0, cfg.io_concurrency, 0, 0)
+        return self._last.stats
+
+    def _new_epoch(self) -> Epoch:
+        cfg = self._cfg
+        if cfg.num_workers and cfg.persistent_workers:
+            if self._persistent_seed is None:
+                self._persistent_seed = _draw_seed(cfg.generator)
+            base_seed = self._persistent_seed
+        else:
+            base_seed = _draw_seed(cfg.generator)
+        self._last = Epoch(cfg, lambda plan: self._acquire_pool(plan, base_seed))
+        return self._last
+
+    async def _acquire_pool(self, plan: BatchPlan, base_seed: int) -> tuple[ProcessPool, bool]:
+        cfg, res = self._cfg, self._resources
+        if not cfg.persistent_workers:
+            pool, owned = ProcessPool(cfg, plan, base_seed), True
+        else:
+            with res.lock:
+                stale = res.pool if res.pool is not None and res.pool.broken else None
+                if res.pool is None or stale is not None:
+                    res.pool = ProcessPool(cfg, plan, base_seed)
+                pool, owned = res.pool, False
+            if stale is not None:
+                await run_in_thread(stale.shutdown, "asyncloader-reaper")
+        try:
+            await run_in_thread(pool.start, "asyncloader-start")
+        except BaseException:
+            if owned:
+                await run_in_thread(pool.shutdown, "asyncloader-reaper")
+            raise
+        return pool, owned
+
+    def __aiter__(self) -> AsyncIterator:
+        it = AsyncIterator(self._new_epoch(), self._cfg.timeout)
+        self._iterators.add(it)
+        return it
+
+    def __iter__(self) -> SyncIterator:
+        it = SyncIterator(self._new_epoch(), self._cfg.timeout)
+        self._iterators.add(it)
+        return it
+
+    def close(self) -> None:
+        """Stops running epochs (sync ones) and the persistent workers. Idempotent."""
+        for it in list(self._iterators):
+            if isinstance(it, SyncIterator):
+                it.close()
+        self._finalizer.detach()
+        self._resources.close()
+
+    async def aclose(self) -> None:
+        """Stops running epochs and the persistent workers, without blocking the loop."""
+        for it in list(self._iterators):
+            if isinstance(it, AsyncIterator):
+                await it.aclose()
+            else:
+                await run_in_thread(it.close, "asyncloader-reaper")
+        self._finalizer.detach()
+        await run_in_thread(self._resources.close, "asyncloader-reaper")
+
+    def __enter__(self) -> AsyncLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> AsyncLoader:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
