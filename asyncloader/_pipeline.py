@@ -90,13 +90,15 @@ class Epoch:
         self._fetcher: Fetcher | None = None
         self._transformer: Transformer | None = None
         self._task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: ProcessPool | None = None
 
     # -- consumer side -------------------------------------------------------------------------
 
     def start(self) -> asyncio.Task[None]:
         """Starts the stage tasks on the running loop."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="asyncloader-epoch")
+        self.loop = asyncio.get_running_loop()
+        self._task = self.loop.create_task(self._run(), name="asyncloader-epoch")
         return self._task
 
     async def next(self) -> Any:
@@ -112,10 +114,13 @@ class Epoch:
         return item
 
     def release(self) -> None:
-        """The consumer has received a batch: return its permit to the window."""
+        """The consumer has received a batch: return its permit to the window (on the loop)."""
         self._ahead -= 1
-        self._batches += 1
         self._permits.release()
+
+    def delivered(self) -> None:
+        """Counts a batch the consumer received; called on the consumer's thread."""
+        self._batches += 1
 
     def describe_wait(self) -> str:
         """What the consumer is waiting for, for timeout messages."""

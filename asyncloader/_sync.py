@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextlib
 import queue
 import threading
 import weakref
@@ -111,6 +110,7 @@ class SyncIterator:
                 f"no batch within timeout={self._timeout}s while waiting for {waited}"
             ) from None
         if kind == _ITEM:
+            self._epoch.delivered()
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._epoch.release)
             return payload

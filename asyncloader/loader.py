@@ -64,6 +64,7 @@ class AsyncIterator:
             await self.aclose()
             raise
         self._epoch.release()
+        self._epoch.delivered()
         return batch
 
     @property
@@ -188,7 +189,8 @@ class AsyncLoader:
         )  # fmt: skip
         self._resources = _Resources()
         self._finalizer = weakref.finalize(self, self._resources.close, True)
-        self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._iterators: weakref.WeakSet[SyncIterator] = weakref.WeakSet()
+        self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self._last: Epoch | None = None
         self._persistent_seed: int | None = None
 
@@ -228,6 +230,7 @@ class AsyncLoader:
         else:
             base_seed = _draw_seed(cfg.generator)
         self._last = Epoch(cfg, lambda plan: self._acquire_pool(plan, base_seed))
+        self._epochs.add(self._last)
         return self._last
 
     async def _acquire_pool(self, plan: BatchPlan, base_seed: int) -> tuple[ProcessPool, bool]:
@@ -251,9 +254,7 @@ class AsyncLoader:
         return pool, owned
 
     def __aiter__(self) -> AsyncIterator:
-        it = AsyncIterator(self._new_epoch(), self._cfg.timeout)
-        self._iterators.add(it)
-        return it
+        return AsyncIterator(self._new_epoch(), self._cfg.timeout)
 
     def __iter__(self) -> SyncIterator:
         it = SyncIterator(self._new_epoch(), self._cfg.timeout)
@@ -261,20 +262,24 @@ class AsyncLoader:
         return it
 
     def close(self) -> None:
-        """Stops running epochs (sync ones) and the persistent workers. Idempotent."""
+        """Stops running ``for`` epochs and the persistent workers. Idempotent.
+
+        Epochs iterated with ``async for`` run on an event loop: close them with :meth:`aclose`.
+        """
         for it in list(self._iterators):
-            if isinstance(it, SyncIterator):
-                it.close()
+            it.close()
         self._finalizer.detach()
         self._resources.close()
 
     async def aclose(self) -> None:
-        """Stops running epochs and the persistent workers, without blocking the loop."""
+        """Stops every running epoch (a ``break`` already cancelled, too) and the persistent
+        workers, and waits until their threads and processes are joined. Idempotent."""
+        loop = asyncio.get_running_loop()
+        for epoch in list(self._epochs):
+            if epoch.loop is loop:
+                await epoch.aclose()
         for it in list(self._iterators):
-            if isinstance(it, AsyncIterator):
-                await it.aclose()
-            else:
-                await run_in_thread(it.close, "asyncloader-reaper")
+            await run_in_thread(it.close, "asyncloader-reaper")
         self._finalizer.detach()
         await run_in_thread(self._resources.close, "asyncloader-reaper")
 

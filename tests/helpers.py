@@ -1,0 +1,169 @@
+"""Sources and probes shared by the tests (importable in worker processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+from torch.utils.data import IterableDataset
+
+MAX_LATENCY_S = 0.004
+
+
+def latency(index: int) -> float:
+    """A fixed pseudo-random latency per index, so samples complete out of order."""
+    return random.Random(index).random() * MAX_LATENCY_S
+
+
+def sample(index: int) -> np.ndarray:
+    """The content of sample ``index``: its index, so delivery can be checked by content."""
+    return np.full(3, index, dtype=np.int64)
+
+
+class SyncSource(torch.utils.data.Dataset):
+    """Map-style source with a blocking, random per-sample latency."""
+
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        time.sleep(latency(index))
+        return sample(index)
+
+
+class AsyncSource:
+    """Map-style source with ``async def __getitem__`` and a random per-sample latency."""
+
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> np.ndarray:
+        self.calls += 1
+        await asyncio.sleep(latency(index))
+        return sample(index)
+
+
+class IterSource(IterableDataset):
+    """A torch IterableDataset yielding samples 0..n-1."""
+
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return (sample(i) for i in range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class AsyncIterSource:
+    """An async iterable yielding samples 0..n-1 with random latency."""
+
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+
+    async def __aiter__(self):
+        for i in range(self.n):
+            await asyncio.sleep(latency(i) / 4)
+            yield sample(i)
+
+
+def indices_of(batches: Iterable[Any]) -> list[int]:
+    """The sample indices delivered, in delivery order (from each row's content)."""
+    return [int(row[0]) for batch in batches for row in batch]
+
+
+def add_one(x: np.ndarray) -> np.ndarray:
+    return x + 1
+
+
+def worker_processes() -> set[int]:
+    """Live descendants of this process, except multiprocessing's per-interpreter singletons.
+
+    The fork server and the resource tracker are started once per interpreter by
+    multiprocessing and serve every pool; the fork server's children (the workers) count.
+    """
+    pids = set()
+    for child in psutil.Process(os.getpid()).children():
+        try:
+            cmdline = " ".join(child.cmdline())
+            family = child.children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        if "resource_tracker" in cmdline:
+            continue
+        if "forkserver" not in cmdline:
+            family.append(child)
+        for proc in family:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    pids.add(proc.pid)
+            except psutil.NoSuchProcess:
+                pass
+    return pids
+
+
+def loader_threads() -> set[threading.Thread]:
+    """Threads alive now other than the main thread."""
+    return {t for t in threading.enumerate() if t is not threading.main_thread()}
+
+
+class CodedError(Exception):
+    """An exception whose constructor takes an extra required argument (pickling breaks it)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class FailingSource(SyncSource):
+    """Raises CodedError for index ``bad``, from a line the tests look for in tracebacks."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if index == self.bad:
+            raise CodedError(f"cannot read {index}", code=7)  # FailingSource raises here
+        return sample(index)
+
+
+def fail_on_five(x: np.ndarray) -> np.ndarray:
+    if int(x[0]) == 5:
+        raise ValueError("transform rejects 5")
+    return x
+
+
+def failing_collate(samples: list) -> Any:
+    raise RuntimeError("collate gives up")
+
+
+class Hang:
+    """An async source whose sample ``stuck`` never arrives (until cancelled)."""
+
+    def __init__(self, n: int, stuck: int) -> None:
+        self.n, self.stuck = n, stuck
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> np.ndarray:
+        if index == self.stuck:
+            await asyncio.Event().wait()
+        return sample(index)

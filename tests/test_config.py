@@ -1,0 +1,104 @@
+"""Argument validation: DataLoader's mistakes raise what DataLoader raises, naming the argument."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+from asyncloader import AsyncLoader
+from tests.helpers import AsyncSource, IterSource, SyncSource
+
+DS = SyncSource(10)
+
+SHARED_MISTAKES = [
+    (DS, dict(sampler=SequentialSampler(DS), shuffle=True), "sampler option is mutually exclusive"),
+    (DS, dict(batch_sampler=BatchSampler(range(10), 2, False), batch_size=4), "batch_sampler"),
+    (DS, dict(batch_sampler=BatchSampler(range(10), 2, False), drop_last=True), "batch_sampler"),
+    (DS, dict(batch_size=None, drop_last=True), "batch_size=None"),
+    (DS, dict(num_workers=-1), "num_workers"),
+    (DS, dict(timeout=-1), "timeout"),
+    (DS, dict(persistent_workers=True), "persistent_workers"),
+    (DS, dict(mp_context="spawn"), "num_workers > 0"),
+    (IterSource(10), dict(shuffle=True), "shuffle"),
+    (IterSource(10), dict(sampler=[0, 1]), "sampler"),
+]
+
+
+@pytest.mark.parametrize(("dataset", "kwargs", "message"), SHARED_MISTAKES)
+def test_same_mistake_raises_what_dataloader_raises(dataset, kwargs, message):
+    """Each DataLoader mistake raises DataLoader's exception type, with a message naming it."""
+    renamed = {"mp_context": "multiprocessing_context"}
+    with pytest.raises(Exception) as theirs:
+        DataLoader(dataset, **{renamed.get(k, k): v for k, v in kwargs.items()})
+    with pytest.raises(theirs.type, match=message):
+        AsyncLoader(dataset, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(prefetch=0), ValueError, "prefetch=0 must be >= 1"),
+        (dict(io_concurrency=0), ValueError, "io_concurrency=0 must be >= 1"),
+        (dict(io_concurrency=2.5), TypeError, "io_concurrency must be an int"),
+        (dict(batch_size=0), ValueError, "batch_size=0 must be >= 1"),
+        (dict(transform=3), TypeError, "transform must be callable"),
+        (dict(collate_fn="x"), TypeError, "collate_fn must be callable"),
+        (dict(executor=object()), TypeError, "executor must be a concurrent.futures.Executor"),
+        (dict(generator=1), TypeError, "generator must be a torch.Generator"),
+        (dict(device=3), TypeError, "device must be a str or torch.device"),
+        (dict(num_workers=2, mp_context="nope"), ValueError, "mp_context='nope' must be one of"),
+        (dict(timeout="1"), TypeError, "timeout must be a number"),
+    ],
+)
+def test_own_options_are_checked_in_the_constructor(kwargs, error, message):
+    """asyncloader's own options fail eagerly with an exact message naming the argument."""
+    with pytest.raises(error, match=message):
+        AsyncLoader(DS, **kwargs)
+
+
+def test_executor_and_num_workers_are_exclusive():
+    """Passing both an executor and num_workers is ambiguous and refused."""
+    with (
+        ThreadPoolExecutor(1) as pool,
+        pytest.raises(ValueError, match="executor and num_workers=2 are exclusive"),
+    ):
+        AsyncLoader(DS, executor=pool, num_workers=2)
+
+
+def test_dataset_must_be_indexable_or_iterable():
+    """A dataset that is neither map-style nor iterable is a TypeError naming its type."""
+    with pytest.raises(TypeError, match=r"dataset must be map-style .* got int"):
+        AsyncLoader(3)
+
+
+def test_primary_argument_is_positional_and_options_keyword_only():
+    """AsyncLoader(dataset, /, *, ...): options cannot be passed positionally."""
+    with pytest.raises(TypeError):
+        AsyncLoader(DS, 4)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        AsyncLoader(dataset=DS)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "kwargs"),
+    [
+        (SyncSource(10), dict(batch_size=3)),
+        (SyncSource(10), dict(batch_size=3, drop_last=True)),
+        (SyncSource(10), dict(batch_size=None)),
+        (SyncSource(10), dict(batch_sampler=BatchSampler(range(10), 4, False))),
+        (IterSource(10), dict(batch_size=3)),
+        (IterSource(10), dict(batch_size=3, drop_last=True)),
+        (AsyncSource(10), dict(batch_size=4, shuffle=True)),
+    ],
+)
+def test_len_matches_dataloader(dataset, kwargs):
+    """len(loader) is the number of batches DataLoader reports for the same arguments."""
+    expected = len(DataLoader(dataset if not isinstance(dataset, AsyncSource) else DS, **kwargs))
+    assert len(AsyncLoader(dataset, **kwargs)) == expected
+
+
+def test_device_is_normalised():
+    """device accepts a string and exposes a torch.device."""
+    loader = AsyncLoader(DS, device="cpu")
+    assert loader._cfg.device == torch.device("cpu")

@@ -1,0 +1,112 @@
+"""Shutdown: break, close, an exception or GC leaves no worker process and no loader thread."""
+
+import gc
+import warnings
+
+import pytest
+
+from asyncloader import AsyncLoader
+from tests.helpers import AsyncSource, FailingSource, SyncSource, loader_threads, worker_processes
+
+
+@pytest.fixture
+def clean():
+    """Asserts that the test leaves the same threads and worker processes it found."""
+    threads, procs = loader_threads(), worker_processes()
+    yield
+    assert worker_processes() == procs
+    assert loader_threads() == threads
+
+
+def test_one_hundred_breaks_mid_epoch_leave_nothing_behind(clean):
+    """100 epochs broken off mid-way: each one's workers and threads are gone right after."""
+    threads, procs = loader_threads(), worker_processes()
+    loader = AsyncLoader(SyncSource(400), batch_size=4, num_workers=2)
+    for cycle in range(100):
+        for k, _ in enumerate(loader):
+            if k == cycle % 5:
+                break
+        assert worker_processes() == procs, f"cycle {cycle}"
+        assert loader_threads() == threads, f"cycle {cycle}"
+
+
+def test_close_mid_epoch_joins_everything(clean):
+    """Closing the iterator (or the loader) mid-epoch stops and joins its workers and threads."""
+    loader = AsyncLoader(AsyncSource(400), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    assert worker_processes(), "the epoch runs worker processes"
+    it.close()
+    it.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    it2 = iter(loader)
+    next(it2)
+    loader.close()
+    with pytest.raises(StopIteration):
+        next(it2)
+
+
+def test_exception_mid_epoch_joins_everything(clean):
+    """An error raised to the consumer also stops the epoch's workers and threads."""
+    with pytest.raises(Exception, match="cannot read 20"):
+        list(AsyncLoader(FailingSource(100, bad=20), batch_size=4, num_workers=2))
+
+
+def test_dropping_the_iterator_is_enough(clean):
+    """Garbage collection of a half-consumed iterator stops the epoch."""
+    it = iter(AsyncLoader(SyncSource(400), batch_size=4, num_workers=2))
+    next(it)
+    del it
+    gc.collect()
+
+
+@pytest.mark.asyncio
+async def test_async_break_then_aclose_joins_everything(clean):
+    """`async with loader` + break: the epoch is cancelled and joined by aclose()."""
+    async with AsyncLoader(AsyncSource(400), batch_size=4, num_workers=2) as loader:
+        async for k, _ in _aenumerate(loader):
+            if k == 3:
+                break
+
+
+@pytest.mark.asyncio
+async def test_async_iterator_aclose_joins_everything(clean):
+    """An explicitly closed async iterator stops its epoch; closing twice is fine."""
+    loader = AsyncLoader(SyncSource(400), batch_size=4, num_workers=2)
+    it = aiter(loader)
+    await anext(it)
+    await it.aclose()
+    await it.aclose()
+    with pytest.raises(StopAsyncIteration):
+        await anext(it)
+
+
+def test_persistent_workers_survive_epochs_and_close_stops_them(clean):
+    """persistent_workers keeps the same processes across epochs; close() stops them."""
+    before = worker_processes()
+    loader = AsyncLoader(SyncSource(40), batch_size=4, num_workers=2, persistent_workers=True)
+    list(loader)
+    first = worker_processes() - before
+    list(loader)
+    assert len(first) == 2 and worker_processes() - before == first
+    loader.close()
+    loader.close()
+
+
+def test_gc_of_an_unclosed_persistent_loader_warns_and_stops_workers(clean):
+    """A persistent loader dropped without close() warns (ResourceWarning) and stops its pool."""
+    loader = AsyncLoader(SyncSource(40), batch_size=4, num_workers=2, persistent_workers=True)
+    list(loader)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del loader
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+
+
+async def _aenumerate(ait):
+    k = 0
+    async for item in ait:
+        yield k, item
+        k += 1

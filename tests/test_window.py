@@ -1,0 +1,61 @@
+"""Bounded memory: a slow consumer never has more than the window of batches taken ahead."""
+
+import asyncio
+import math
+import time
+
+import pytest
+
+from asyncloader import AsyncLoader
+from tests.helpers import AsyncSource, SyncSource
+
+SLOW_STEP_S = 0.004  # a slow training step, so the pipeline runs as far ahead as it may
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_samples_fetched_never_exceed_consumed_plus_window(mode, num_workers):
+    """After k batches reach the consumer, at most (k + window) batches were ever fetched."""
+    src = AsyncSource(240)
+    loader = AsyncLoader(src, batch_size=4, num_workers=num_workers, io_concurrency=8, prefetch=2)
+    window = loader.stats.window
+    assert window == 2 * max(1, num_workers) + math.ceil(8 / 4)
+    excess = []
+
+    def check(k):
+        if src.calls > (k + window) * 4:
+            excess.append((k, src.calls))
+
+    if mode == "sync":
+        for k, _ in enumerate(loader, 1):
+            time.sleep(SLOW_STEP_S)
+            check(k)
+    else:
+
+        async def run():
+            k = 0
+            async for _ in loader:
+                k += 1
+                await asyncio.sleep(SLOW_STEP_S)
+                check(k)
+
+        asyncio.run(run())
+    assert not excess
+    assert loader.stats.max_ahead == window, "a slow consumer lets the pipeline fill the window"
+    assert loader.stats.max_fetching <= 8
+
+
+def test_workers_window_is_prefetch_per_worker():
+    """With a sync source read in workers, the window is prefetch * num_workers and is reached."""
+    loader = AsyncLoader(SyncSource(200), batch_size=2, num_workers=2, prefetch=3)
+    for _ in loader:
+        time.sleep(SLOW_STEP_S)
+    assert loader.stats.window == 6
+    assert loader.stats.max_ahead == 6
+
+
+def test_io_concurrency_bounds_samples_in_flight_and_is_reached():
+    """With plenty of latency, exactly io_concurrency samples are fetched at once, never more."""
+    loader = AsyncLoader(AsyncSource(400), batch_size=4, io_concurrency=16)
+    assert sum(1 for _ in loader) == 100
+    assert loader.stats.max_fetching == 16
