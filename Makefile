@@ -18,12 +18,12 @@ demo: $(VENV)/.dev-installed
 	$(PY) examples/quickstart.py
 
 test: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check asyncloader tests examples
+	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check asyncloader tests examples
-	$(VENV)/bin/ruff format --check asyncloader tests examples
+	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
+	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

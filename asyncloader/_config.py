@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import sys
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from torch.utils.data import (
 )
 
 from asyncloader.sources import SourceKind, source_kind
+
+DEVICE_DEPTH = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +81,19 @@ class Config:
         return math.ceil(self.io_concurrency / per_batch)
 
     @property
+    def device_depth(self) -> int:
+        """Batches at most pinned or copied ahead of the consumer by the device thread."""
+        return DEVICE_DEPTH if self.device_stage else 0
+
+    @property
+    def device_stage(self) -> bool:
+        """Batches go through the ``asyncloader-device`` thread (to pin or to copy)."""
+        return self.device is not None or (self.pin_memory and torch.cuda.is_available())
+
+    @property
     def window(self) -> int:
         """Batches at most taken from the sampler and not yet handed to the consumer."""
-        return self.transform_window + self.fetch_window
+        return self.transform_window + self.fetch_window + self.device_depth
 
 
 def _check_callable(name: str, value: Any) -> None:
@@ -114,6 +127,21 @@ def _resolve_mp_context(mp_context: Any, num_workers: int) -> Any:
             f"got {type(mp_context).__qualname__}"
         )
     return mp_context
+
+
+def _resolve_device(device: str | torch.device | None, pin_memory: bool) -> torch.device | None:
+    """Checks that ``device`` exists here; warns once when pinning is impossible."""
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={str(device)!r} but CUDA is not available on this machine")
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn(
+            "pin_memory=True but CUDA is not available: batches are passed through unpinned",
+            UserWarning,
+            stacklevel=4,
+        )
+    return device
 
 
 def default_mp_context() -> Any:
@@ -163,6 +191,7 @@ def build_config(dataset: Any, **opts: Any) -> Config:
     device = opts["device"]
     if device is not None and not isinstance(device, str | torch.device):
         raise TypeError(f"device must be a str or torch.device, got {type(device).__qualname__}")
+    device = _resolve_device(device, bool(opts["pin_memory"]))
     mp_context = _resolve_mp_context(opts["mp_context"], num_workers)
     if batch_size is not None:
         _check_int("batch_size", batch_size, 1)
@@ -224,7 +253,7 @@ def build_config(dataset: Any, **opts: Any) -> Config:
         prefetch=opts["prefetch"],
         in_order=bool(opts["in_order"]),
         pin_memory=bool(opts["pin_memory"]),
-        device=torch.device(device) if device is not None else None,
+        device=device,
         timeout=float(timeout),
         worker_init_fn=opts["worker_init_fn"],
         persistent_workers=bool(opts["persistent_workers"]),

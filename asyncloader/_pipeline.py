@@ -29,7 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from asyncloader._config import Config
+from asyncloader._device import DeviceStage
 from asyncloader._failure import Failure
 from asyncloader._fetch import Fetcher
 from asyncloader._pool import ProcessPool
@@ -82,6 +85,9 @@ class Epoch:
         self._cfg = config
         self._acquire_pool = acquire_pool
         self._buffer = ReorderBuffer(config.in_order)
+        # With a device stage the consumer reads the device thread's output, in order.
+        self._out = ReorderBuffer(in_order=False) if config.device_stage else self._buffer
+        self._device_slots = asyncio.Semaphore(config.device_depth or 1)
         self._permits = asyncio.Semaphore(config.window)
         self._ahead = 0
         self._max_ahead = 0
@@ -89,6 +95,7 @@ class Epoch:
         self._inflight: dict[int, Sequence[Any]] = {}
         self._fetcher: Fetcher | None = None
         self._transformer: Transformer | None = None
+        self._device: DeviceStage | None = None
         self._task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: ProcessPool | None = None
@@ -107,7 +114,7 @@ class Epoch:
         Raises:
             StopAsyncIteration: The epoch is complete.
         """
-        seq, item = await self._buffer.get()
+        seq, item = await self._out.get()
         self._inflight.pop(seq, None)
         if isinstance(item, Failure):
             item.reraise()
@@ -117,6 +124,8 @@ class Epoch:
         """The consumer has received a batch: return its permit to the window (on the loop)."""
         self._ahead -= 1
         self._permits.release()
+        if self._out is not self._buffer:
+            self._device_slots.release()
 
     def delivered(self) -> None:
         """Counts a batch the consumer received; called on the consumer's thread."""
@@ -168,6 +177,8 @@ class Epoch:
             batches = self._index_batches(closers)
             try:
                 async with asyncio.TaskGroup() as tg:
+                    if self._device is not None:
+                        tg.create_task(self._device_pump(self._device), name="device")
                     seq = 0
                     while True:
                         await self._admit()
@@ -183,13 +194,17 @@ class Epoch:
             finally:
                 await batches.aclose()
         except asyncio.CancelledError:
-            self._buffer.fail(AsyncLoaderError("the epoch was closed before it finished"))
+            self._fail(AsyncLoaderError("the epoch was closed before it finished"))
             raise
         except BaseException as exc:
-            self._buffer.fail(_unwrap(exc))
+            self._fail(_unwrap(exc))
         finally:
             if closers:
                 await run_in_thread(lambda: [c() for c in reversed(closers)], "asyncloader-reaper")
+
+    def _fail(self, exc: BaseException) -> None:
+        self._buffer.fail(exc)
+        self._out.fail(exc)
 
     async def _set_up(self, closers: list[Callable[[], None]]) -> None:
         """Creates the fetcher and the transformer, and registers how to tear them down."""
@@ -210,6 +225,10 @@ class Epoch:
             self._fetcher = Fetcher(
                 lambda index: loop.run_in_executor(threads, getitem, index), cfg.io_concurrency
             )
+        if cfg.device_stage:
+            device = DeviceStage(cfg.pin_memory and torch.cuda.is_available(), cfg.device)
+            closers.append(device.close)
+            self._device = device
         if cfg.num_workers > 0:
             pool, owned = await self._acquire_pool(plan)
             if owned:
@@ -234,6 +253,28 @@ class Epoch:
             assert self._transformer is not None
             result = await self._transformer.run(seq, indices, result)
         self._buffer.put(seq, result)
+
+    async def _device_pump(self, device: DeviceStage) -> None:
+        """Moves batches, in order, from the reorder buffer through the device thread.
+
+        Runs at most ``device_depth`` batches ahead of the consumer: a slot is taken before a
+        batch leaves the reorder buffer and returned when the consumer receives it.
+        """
+        forwarded = 0
+        while True:
+            await self._device_slots.acquire()
+            try:
+                seq, item = await self._buffer.get()
+            except StopAsyncIteration:
+                self._out.finish(forwarded)
+                return
+            if not isinstance(item, Failure):
+                try:
+                    item = await device.move(item)
+                except Exception as exc:
+                    item = Failure.capture(exc, "device", seq, self._inflight.get(seq, ()))
+            self._out.put(seq, item)
+            forwarded += 1
 
     async def _index_batches(
         self, closers: list[Callable[[], None]]

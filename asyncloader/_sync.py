@@ -23,6 +23,7 @@ import threading
 import weakref
 from typing import Any
 
+from asyncloader._device import hand_over
 from asyncloader._pipeline import Epoch
 from asyncloader._threads import new_event_loop
 from asyncloader.errors import LoaderTimeoutError
@@ -113,7 +114,7 @@ class SyncIterator:
             self._epoch.delivered()
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._epoch.release)
-            return payload
+            return hand_over(payload)
         self.close()
         if kind == _ERROR:
             raise payload

@@ -24,6 +24,16 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def settle(done: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    """Completes ``done`` (on its loop) with a thread's result, unless it was cancelled."""
+    if done.cancelled():
+        return
+    if exc is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(result)
+
+
 async def run_in_thread(fn: Callable[[], T], name: str) -> T:
     """Runs blocking ``fn`` on a new thread named ``name`` and awaits it without blocking the loop.
 
@@ -33,21 +43,13 @@ async def run_in_thread(fn: Callable[[], T], name: str) -> T:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Any] = loop.create_future()
 
-    def settle(result: Any, exc: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if exc is not None:
-            done.set_exception(exc)
-        else:
-            done.set_result(result)
-
     def target() -> None:
         try:
             result, exc = fn(), None
         except BaseException as e:
             result, exc = None, e
         with contextlib.suppress(RuntimeError):  # the loop closed while we ran
-            loop.call_soon_threadsafe(settle, result, exc)
+            loop.call_soon_threadsafe(settle, done, result, exc)
 
     thread = threading.Thread(target=target, name=name, daemon=True)
     thread.start()

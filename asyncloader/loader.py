@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from asyncloader._config import build_config
+from asyncloader._device import hand_over
 from asyncloader._pipeline import Epoch, LoaderStats
 from asyncloader._pool import ProcessPool
 from asyncloader._sync import SyncIterator
@@ -65,7 +66,7 @@ class AsyncIterator:
             raise
         self._epoch.release()
         self._epoch.delivered()
-        return batch
+        return hand_over(batch)
 
     @property
     def stats(self) -> LoaderStats:
@@ -138,8 +139,10 @@ class AsyncLoader:
             ``__getitem__`` with num_workers=0 runs in up to this many threads).
         prefetch: Batches in the executor per worker (per executor without workers).
         in_order: Yield batches in sampler order; ``False`` yields them as they complete.
-        pin_memory: Pin batches in page-locked memory (a no-op with a warning without CUDA).
-        device: Copy batches to this device (``"cuda"``, a ``torch.device``...).
+        pin_memory: Pin batches in page-locked memory, on the ``asyncloader-device`` thread
+            (without CUDA: one warning, batches pass through).
+        device: Copy batches to this device on the ``asyncloader-device`` thread and its own
+            CUDA stream, at most 2 batches ahead; the batch you get is safe on your stream.
         timeout: Seconds to wait for one batch; 0 waits for ever. Raises LoaderTimeoutError.
         worker_init_fn: Called as ``fn(worker_id)`` in each worker after seeding.
         persistent_workers: Keep the worker processes across epochs.
@@ -149,7 +152,8 @@ class AsyncLoader:
 
     Memory bound: at most ``stats.window`` batches are taken from the sampler and not yet
     handed to the consumer: ``prefetch * max(1, num_workers)`` in the executor plus, where
-    samples are fetched in this process, ``ceil(io_concurrency / batch_size)`` being fetched.
+    samples are fetched in this process, ``ceil(io_concurrency / batch_size)`` being fetched,
+    plus 2 in the device stage when there is one.
     """
 
     def __init__(

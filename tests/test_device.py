@@ -1,0 +1,194 @@
+"""The device stage: order, the asyncloader-device thread, its bound, shutdown, CUDA safety."""
+
+import asyncio
+import threading
+import time
+import warnings
+from collections import namedtuple
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+from asyncloader import AsyncLoader
+from asyncloader._device import map_batch
+from tests.helpers import AsyncSource, SyncSource, indices_of, loader_threads
+
+SLOW_STEP_S = 0.003  # a slow training step
+
+
+class CustomBatch:
+    """DataLoader's SimpleCustomBatch shape: a custom type with pin_memory() and to()."""
+
+    calls: ClassVar[list] = []
+
+    def __init__(self, samples):
+        self.ids = torch.tensor([int(s[0]) for s in samples])
+
+    def pin_memory(self):
+        self.ids = self.ids.pin_memory()
+        return self
+
+    def to(self, device, non_blocking=False):
+        CustomBatch.calls.append((int(self.ids[0]), threading.current_thread().name, non_blocking))
+        self.ids = self.ids.to(device, non_blocking=non_blocking)
+        return self
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_order_is_kept_through_the_device_thread(mode):
+    """Out-of-order completion, device='cpu': batches still arrive in sampler order."""
+    loader = AsyncLoader(AsyncSource(120), batch_size=6, device="cpu")
+    if mode == "sync":
+        got = indices_of(loader)
+    else:
+
+        async def run():
+            return indices_of([b async for b in loader])
+
+        got = asyncio.run(run())
+    assert got == list(range(120))
+
+
+def test_custom_to_runs_once_per_batch_on_the_device_thread():
+    """A custom batch's to() is called exactly once per batch, on asyncloader-device."""
+    CustomBatch.calls.clear()
+    batches = list(AsyncLoader(SyncSource(40), batch_size=4, collate_fn=CustomBatch, device="cpu"))
+    assert [b.ids.tolist() for b in batches] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+    assert sorted(first for first, _, _ in CustomBatch.calls) == list(range(0, 40, 4))
+    assert {name for _, name, _ in CustomBatch.calls} == {"asyncloader-device"}
+    assert all(non_blocking for _, _, non_blocking in CustomBatch.calls)
+
+
+def test_device_thread_runs_at_most_two_batches_ahead():
+    """With a slow consumer the device thread has moved at most consumed + 2 batches."""
+    CustomBatch.calls.clear()
+    loader = AsyncLoader(SyncSource(80), batch_size=4, collate_fn=CustomBatch, device="cpu")
+    excess = []
+    for k, _ in enumerate(loader, 1):
+        time.sleep(SLOW_STEP_S)
+        if len(CustomBatch.calls) > k + 2:
+            excess.append((k, len(CustomBatch.calls)))
+    assert not excess
+    assert loader.stats.max_ahead <= loader.stats.window
+
+
+Point = namedtuple("Point", "x y")
+
+
+@dataclass
+class Pair:
+    a: torch.Tensor
+    meta: str
+
+
+def test_nested_containers_keep_their_types():
+    """dicts, lists, tuples, namedtuples and dataclasses are rebuilt around moved tensors."""
+    moved = []
+
+    def mark(t):
+        moved.append(t)
+        return t + 1
+
+    batch = {"p": Point(torch.zeros(1), [torch.ones(1), "s"]), "d": Pair(torch.zeros(2), "m")}
+    out = map_batch(batch, mark, "to", lambda x: x)
+    assert len(moved) == 3
+    assert isinstance(out["p"], Point) and isinstance(out["d"], Pair)
+    assert out["p"].y[1] == "s" and out["d"].meta == "m"
+    assert torch.equal(out["d"].a, torch.ones(2)) and torch.equal(batch["d"].a, torch.zeros(2))
+
+
+def test_pin_memory_without_cuda_warns_once_and_passes_batches_through():
+    """pin_memory=True on a CPU-only machine is a warning at construction, not an error."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: pinning really happens")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = AsyncLoader(SyncSource(12), batch_size=4, pin_memory=True)
+        got = indices_of(loader)
+    assert got == list(range(12))
+    assert [str(w.message) for w in caught if "pin_memory" in str(w.message)] == [
+        "pin_memory=True but CUDA is not available: batches are passed through unpinned"
+    ]
+
+
+def test_cuda_device_without_cuda_is_a_value_error():
+    """Asking for a CUDA device on a machine without one fails in the constructor."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available")
+    with pytest.raises(ValueError, match="device='cuda' but CUDA is not available"):
+        AsyncLoader(SyncSource(4), device="cuda")
+
+
+def test_device_thread_is_joined_on_break_and_on_error():
+    """Breaking off, or an error in the device stage, leaves no asyncloader-device thread."""
+    before = loader_threads()
+    for k, _ in enumerate(AsyncLoader(SyncSource(100), batch_size=4, device="cpu")):
+        if k == 2:
+            break
+    assert loader_threads() == before
+
+    class Unmovable:
+        def __init__(self, samples):
+            pass
+
+        def to(self, device, non_blocking=False):
+            raise RuntimeError("cannot move")
+
+    with pytest.raises(RuntimeError, match="cannot move") as info:
+        list(AsyncLoader(SyncSource(8), batch_size=4, collate_fn=Unmovable, device="cpu"))
+    assert "asyncloader: stage=device batch=0 indices=[0, 1, 2, 3]" in info.value.__notes__
+    assert loader_threads() == before
+
+
+class ArrayDataset:
+    """Deterministic float samples, large enough that copies take measurable time."""
+
+    def __init__(self, n, size):
+        self.n, self.size = n, size
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return np.full(self.size, index, dtype=np.float32)
+
+
+@pytest.mark.cuda
+def test_cuda_values_survive_the_allocator_reuse_race():
+    """1000 batches: each on-device batch equals its host values while kernels run on it."""
+    loader = AsyncLoader(ArrayDataset(4000, 1 << 16), batch_size=4, pin_memory=True, device="cuda")
+    for k, batch in enumerate(loader):
+        work = batch * 2.0  # a kernel on the consumer's stream reading the batch
+        expected = torch.arange(4 * k, 4 * k + 4, device="cuda", dtype=torch.float32)
+        assert torch.equal(work[:, 0] / 2.0, expected) and torch.equal(work[:, -1] / 2.0, expected)
+        del batch, work  # dropped at once: its block may be reused by the next copy
+    assert k == 999
+
+
+@pytest.mark.cuda
+def test_cuda_copies_overlap_with_compute():
+    """While the consumer computes, the next batch is copied: its wait is shorter than a copy."""
+    floats = 1 << 20  # 4 MiB per sample, 32 MiB per batch
+    loader = AsyncLoader(ArrayDataset(64, floats), batch_size=8, pin_memory=True, device="cuda")
+    host = torch.zeros(8, floats).pin_memory()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    host.to("cuda")
+    torch.cuda.synchronize()
+    copy_s = time.perf_counter() - start
+    waits = []
+    it = iter(loader)
+    next(it)
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(6):
+        for _ in range(40):
+            x = x @ x / 4096  # a training step's compute, while the next batch is copied
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        next(it)
+        waits.append(time.perf_counter() - start)
+    it.close()
+    assert sorted(waits)[len(waits) // 2] < copy_s
