@@ -53,6 +53,7 @@ class Config:
     persistent_workers: bool
     mp_context: Any
     generator: torch.Generator | None
+    seed_per_sample: bool
 
     @property
     def batched(self) -> bool:
@@ -259,4 +260,5 @@ def build_config(dataset: Any, **opts: Any) -> Config:
         persistent_workers=bool(opts["persistent_workers"]),
         mp_context=mp_context,
         generator=generator,
+        seed_per_sample=bool(opts["seed_per_sample"]),
     )

@@ -31,8 +31,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import copy
-import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -40,54 +38,21 @@ from typing import Any
 
 import torch
 
+from asyncloader._structure import DESCEND, map_structure, tensors_of
 from asyncloader._threads import settle
 
-Leaf = Callable[[torch.Tensor], Any]
 
+def _apply(data: Any, on_tensor: Callable[[torch.Tensor], Any], method: str) -> Any:
+    """Applies ``on_tensor`` to each tensor; objects defining ``method`` call it instead."""
 
-def map_batch(data: Any, on_tensor: Leaf, method: str, call: Callable[[Any], Any]) -> Any:
-    """Applies ``on_tensor`` to every tensor of a nested batch, keeping its container types.
-
-    Objects that define ``method`` (``"pin_memory"`` or ``"to"``) are handed to ``call``
-    instead. Dicts, lists, tuples, namedtuples and dataclasses are rebuilt; others pass as is.
-    """
-
-    def walk(x: Any) -> Any:
+    def leaf(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return on_tensor(x)
-        if isinstance(x, str | bytes):
-            return x
         if hasattr(x, method) and not isinstance(x, Mapping | Sequence):
-            return call(x)
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            clone = copy.copy(x)
-            for field in dataclasses.fields(x):
-                object.__setattr__(clone, field.name, walk(getattr(x, field.name)))
-            return clone
-        if isinstance(x, Mapping):
-            items = {k: walk(v) for k, v in x.items()}
-            try:
-                clone = copy.copy(x)
-                clone.update(items)  # type: ignore[attr-defined]
-                return clone
-            except (TypeError, AttributeError):
-                return items
-        if isinstance(x, tuple):
-            if hasattr(x, "_fields"):
-                return type(x)(*(walk(v) for v in x))
-            return tuple(walk(v) for v in x)
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        return x
+            return on_tensor(x)
+        return DESCEND
 
-    return walk(data)
-
-
-def tensors_of(data: Any) -> list[torch.Tensor]:
-    """The tensors reachable through the containers :func:`map_batch` understands."""
-    found: list[torch.Tensor] = []
-    map_batch(data, lambda t: found.append(t), "__asyncloader_none__", lambda x: x)
-    return found
+    return map_structure(data, leaf)
 
 
 class OnDevice:
@@ -160,7 +125,7 @@ class DeviceStage:
 
     def _process(self, batch: Any, stream: Any) -> Any:
         if self._pin:
-            batch = map_batch(batch, torch.Tensor.pin_memory, "pin_memory", _pin)
+            batch = _apply(batch, _pin, "pin_memory")
         device = self._device
         if device is None:
             return batch
@@ -169,11 +134,11 @@ class DeviceStage:
             return x.to(device, non_blocking=True)
 
         if stream is None:
-            return map_batch(batch, to, "to", to)
+            return _apply(batch, to, "to")
         while self._held and self._held[0][1].query():
             self._held.popleft()  # (3): those copies are done, their sources may go
         with torch.cuda.stream(stream):
-            out = map_batch(batch, to, "to", to)
+            out = _apply(batch, to, "to")
             event = torch.cuda.Event()
             event.record(stream)
         self._held.append((batch, event))

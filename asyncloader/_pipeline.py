@@ -39,7 +39,7 @@ from asyncloader._pool import ProcessPool
 from asyncloader._reorder import ReorderBuffer
 from asyncloader._threads import run_in_thread
 from asyncloader._transform import Transformer
-from asyncloader._worker import BatchPlan
+from asyncloader._worker import BatchPlan, call_seeded
 from asyncloader.errors import AsyncLoaderError
 from asyncloader.sources import SourceKind
 
@@ -77,12 +77,15 @@ class Epoch:
 
     Args:
         config: The loader's validated options.
+        seed: This epoch's seed (drawn from the loader's generator): per-sample seeds derive
+            from it when ``seed_per_sample`` is on.
         acquire_pool: Returns the started process pool and whether this epoch owns it (and so
             shuts it down); only called when ``config.num_workers > 0``.
     """
 
-    def __init__(self, config: Config, acquire_pool: PoolProvider) -> None:
+    def __init__(self, config: Config, acquire_pool: PoolProvider, seed: int) -> None:
         self._cfg = config
+        self._seed = seed
         self._acquire_pool = acquire_pool
         self._buffer = ReorderBuffer(config.in_order)
         # With a device stage the consumer reads the device thread's output, in order.
@@ -98,7 +101,6 @@ class Epoch:
         self._device: DeviceStage | None = None
         self._task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.pool: ProcessPool | None = None
 
     # -- consumer side -------------------------------------------------------------------------
 
@@ -201,6 +203,9 @@ class Epoch:
         finally:
             if closers:
                 await run_in_thread(lambda: [c() for c in reversed(closers)], "asyncloader-reaper")
+            # An epoch-owned pool's queues and locks are named semaphores in /dev/shm while
+            # referenced: let them go with the epoch's run, not with the loader.
+            self._transformer = None
 
     def _fail(self, exc: BaseException) -> None:
         self._buffer.fail(exc)
@@ -210,6 +215,7 @@ class Epoch:
         """Creates the fetcher and the transformer, and registers how to tear them down."""
         cfg = self._cfg
         loop = asyncio.get_running_loop()
+        epoch_seed = self._seed if cfg.seed_per_sample else None
         plan = BatchPlan(
             dataset=cfg.dataset if cfg.fetch_in_workers else None,
             transform=cfg.transform,
@@ -223,7 +229,10 @@ class Epoch:
             closers.append(lambda: threads.shutdown(wait=True, cancel_futures=True))
             getitem = cfg.dataset.__getitem__
             self._fetcher = Fetcher(
-                lambda index: loop.run_in_executor(threads, getitem, index), cfg.io_concurrency
+                lambda index: loop.run_in_executor(
+                    threads, call_seeded, epoch_seed, index, getitem, index
+                ),
+                cfg.io_concurrency,
             )
         if cfg.device_stage:
             device = DeviceStage(cfg.pin_memory and torch.cuda.is_available(), cfg.device)
@@ -233,16 +242,19 @@ class Epoch:
             pool, owned = await self._acquire_pool(plan)
             if owned:
                 closers.append(pool.shutdown)
-            self.pool = pool
             self._transformer = Transformer(
-                pool.executor, cfg.transform_window, None, pool.describe_crash
+                pool.executor,
+                cfg.transform_window,
+                None,
+                epoch_seed,
+                lambda: pool.describe_crash(self._inflight),
             )
         elif cfg.executor is not None:
-            self._transformer = Transformer(cfg.executor, cfg.transform_window, plan)
+            self._transformer = Transformer(cfg.executor, cfg.transform_window, plan, epoch_seed)
         else:
             thread = ThreadPoolExecutor(1, "asyncloader-transform")
             closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
-            self._transformer = Transformer(thread, cfg.transform_window, plan)
+            self._transformer = Transformer(thread, cfg.transform_window, plan, epoch_seed)
 
     async def _process(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> None:
         """Takes one batch through fetch and transform and into the reorder buffer."""

@@ -8,9 +8,10 @@ joined before :meth:`ProcessPool.shutdown` returns.
 
 from __future__ import annotations
 
-import os
 import signal
+import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -39,11 +40,20 @@ class ProcessPool:
         ctx = config.mp_context or default_mp_context()
         self.num_workers = config.num_workers
         self._counter = ctx.Value("i", 0)
+        # [pid, seq of the batch it runs or -1] per worker id, written by the workers.
+        self._slots = ctx.Array("q", 2 * config.num_workers, lock=False)
         self.executor = ProcessPoolExecutor(
             max_workers=config.num_workers,
             mp_context=ctx,
             initializer=init_worker,
-            initargs=(self._counter, config.num_workers, base_seed, plan, config.worker_init_fn),
+            initargs=(
+                self._counter,
+                self._slots,
+                config.num_workers,
+                base_seed,
+                plan,
+                config.worker_init_fn,
+            ),
         )
         self._closed = False
         self._processes: dict[int, Any] = {}
@@ -71,16 +81,41 @@ class ProcessPool:
         """A worker died; the executor accepts no more work."""
         return bool(getattr(self.executor, "_broken", False))
 
-    def describe_crash(self) -> str:
-        """Names the workers that exited and how (exit code or signal)."""
+    def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
+        """Names the workers that died, how (exit code or signal) and the batch each held.
+
+        Blocking (it waits for the pool to finish breaking): call it off the event loop.
+
+        Args:
+            inflight: seq -> indices of the batches not yet handed to the consumer.
+        """
+        # Read exit codes only once the executor's manager thread has reaped the pool: two
+        # threads polling one forkserver sentinel race, and the loser records exit code 255.
+        manager = getattr(self.executor, "_executor_manager_thread", None)
+        if manager is not None and manager is not threading.current_thread():
+            manager.join(SHUTDOWN_GRACE_S)
+        running = {self._slots[2 * i]: self._slots[2 * i + 1] for i in range(self.num_workers)}
         dead = []
         for pid, proc in self._processes.items():
             code = proc.exitcode
-            if code is None or code == 0:
-                continue
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            dead.append(f"pid {pid} ({how})")
-        return f" [{', '.join(dead)}]" if dead else ""
+            if code is None or code == 0 or code == -signal.SIGTERM:
+                continue  # alive, or terminated by the pool after the crash
+            how = (
+                f"killed by signal {signal.Signals(-code).name}"
+                if code < 0
+                else f"exit code {code}"
+            )
+            seq = running.get(pid, -1)
+            held = (
+                f"batch {seq} (indices {list(inflight.get(seq, ()))[:16]})"
+                if seq >= 0
+                else "no batch"
+            )
+            hint = ""
+            if code == -signal.SIGBUS:
+                hint = " (SIGBUS in a worker usually means /dev/shm is full: make it larger)"
+            dead.append(f"worker pid {pid} {how} while running {held}{hint}")
+        return "; ".join(dead) or "a worker process died (it was already reaped)"
 
     def shutdown(self, grace: float = SHUTDOWN_GRACE_S) -> None:
         """Stops every worker and joins them and the pool's threads. Idempotent; blocking."""
@@ -100,8 +135,12 @@ class ProcessPool:
             if proc.is_alive():
                 proc.terminate()
                 proc.join(1.0)
-            if proc.is_alive() and proc.pid is not None:
-                os.kill(proc.pid, signal.SIGKILL)
+            if proc.is_alive():
+                proc.kill()
                 proc.join()
         if manager is not None:
             manager.join()
+        # The counter's lock and the queues held by the Process objects are named semaphores
+        # in /dev/shm until collected: drop them now, not when the loader goes.
+        self._counter = None
+        self._processes = {}

@@ -8,13 +8,13 @@ once: ``slots.value + submitted == window`` at every await point.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from asyncloader._failure import describe
-from asyncloader._worker import BatchPlan, run_batch
+from asyncloader._threads import run_in_thread
+from asyncloader._worker import BatchPlan, from_shared, run_batch
 from asyncloader.errors import WorkerCrashedError
 
 
@@ -33,11 +33,13 @@ class Transformer:
         executor: Executor,
         window: int,
         plan: BatchPlan | None,
-        crash_details: Any = None,
+        epoch_seed: int | None = None,
+        crash_details: Callable[[], str] | None = None,
     ) -> None:
         self._executor = executor
         self._slots = asyncio.Semaphore(window)
         self._plan = plan
+        self._epoch_seed = epoch_seed
         self._crash_details = crash_details
 
     async def run(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
@@ -47,12 +49,15 @@ class Transformer:
             WorkerCrashedError: A worker process died while the pool held this batch.
         """
         async with self._slots:
-            future = self._executor.submit(run_batch, self._plan, seq, indices, samples)
+            future = self._executor.submit(
+                run_batch, self._plan, seq, indices, samples, self._epoch_seed
+            )
             try:
-                return await asyncio.wrap_future(future)
+                return from_shared(await asyncio.wrap_future(future))
             except BrokenProcessPool as exc:
-                details = self._crash_details() if self._crash_details else ""
+                details = str(exc)
+                if self._crash_details is not None:
+                    details = await run_in_thread(self._crash_details, "asyncloader-crash")
                 raise WorkerCrashedError(
-                    f"a worker process died while the pool held this batch{details}; "
-                    + describe("transform", seq, indices)
+                    f"{details}. The pool is discarded: iterate the loader again for a fresh one."
                 ) from exc

@@ -149,6 +149,14 @@ class AsyncLoader:
         mp_context: Start method name or multiprocessing context for the workers; default
             ``forkserver`` on Linux (safe with the loader's threads), ``spawn`` elsewhere.
         generator: ``torch.Generator`` for shuffling and the workers' base seed.
+        seed_per_sample: Seed the global ``torch``, ``random`` and ``numpy`` RNGs from
+            ``(epoch seed, sample index)`` before each sample's ``__getitem__`` and
+            ``transform`` (and from the batch before collate), so that with a seeded
+            ``generator`` an epoch, random augmentations included, is bit-identical whatever
+            ``num_workers`` and ``io_concurrency``. Off by default: with ``num_workers=0`` it
+            reseeds this process's RNGs (your model's too) and runs a sync ``__getitem__`` one
+            at a time; an ``async def __getitem__`` is not covered (keep randomness in
+            ``transform``).
 
     Memory bound: at most ``stats.window`` batches are taken from the sampler and not yet
     handed to the consumer: ``prefetch * max(1, num_workers)`` in the executor plus, where
@@ -180,6 +188,7 @@ class AsyncLoader:
         persistent_workers: bool = False,
         mp_context: Any = None,
         generator: torch.Generator | None = None,
+        seed_per_sample: bool = False,
     ) -> None:
         self._cfg = build_config(
             dataset,
@@ -189,7 +198,7 @@ class AsyncLoader:
             io_concurrency=io_concurrency, prefetch=prefetch, in_order=in_order,
             pin_memory=pin_memory, device=device, timeout=timeout,
             worker_init_fn=worker_init_fn, persistent_workers=persistent_workers,
-            mp_context=mp_context, generator=generator,
+            mp_context=mp_context, generator=generator, seed_per_sample=seed_per_sample,
         )  # fmt: skip
         self._resources = _Resources()
         self._finalizer = weakref.finalize(self, self._resources.close, True)
@@ -197,6 +206,7 @@ class AsyncLoader:
         self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self._last: Epoch | None = None
         self._persistent_seed: int | None = None
+        self._epoch = -1
 
     # DataLoader's attributes, read-only.
     dataset = property(lambda self: self._cfg.dataset)
@@ -227,13 +237,14 @@ class AsyncLoader:
 
     def _new_epoch(self) -> Epoch:
         cfg = self._cfg
+        seed = _draw_seed(cfg.generator)  # before the sampler draws, as DataLoader does
+        base_seed = seed
         if cfg.num_workers and cfg.persistent_workers:
             if self._persistent_seed is None:
-                self._persistent_seed = _draw_seed(cfg.generator)
+                self._persistent_seed = seed
             base_seed = self._persistent_seed
-        else:
-            base_seed = _draw_seed(cfg.generator)
-        self._last = Epoch(cfg, lambda plan: self._acquire_pool(plan, base_seed))
+        self._epoch += 1
+        self._last = Epoch(cfg, lambda plan: self._acquire_pool(plan, base_seed), seed)
         self._epochs.add(self._last)
         return self._last
 

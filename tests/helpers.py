@@ -167,3 +167,37 @@ class Hang:
         if index == self.stuck:
             await asyncio.Event().wait()
         return sample(index)
+
+
+class RandomAugment:
+    """A transform drawing from all three global RNGs, as augmentations do."""
+
+    def __call__(self, x: np.ndarray) -> dict:
+        return {
+            "x": torch.as_tensor(x),
+            "torch": torch.rand(2),
+            "py": torch.tensor([random.random()]),
+            "np": torch.as_tensor(np.random.rand(2)),
+        }
+
+
+class NoisySource(SyncSource):
+    """A sync source whose __getitem__ itself draws random numbers."""
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return sample(index) + np.random.randint(0, 1000, size=3)
+
+
+class DieAt:
+    """A transform that kills its worker once (marked by a file), at sample ``index``."""
+
+    def __init__(self, index: int, how: str, marker: str) -> None:
+        self.index, self.how, self.marker = index, how, marker
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if int(x[0]) == self.index and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            if self.how == "sigkill":
+                os.kill(os.getpid(), 9)
+            os._exit(3)
+        return x

@@ -4,8 +4,6 @@ import asyncio
 import threading
 import time
 import warnings
-from collections import namedtuple
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -13,7 +11,6 @@ import pytest
 import torch
 
 from asyncloader import AsyncLoader
-from asyncloader._device import map_batch
 from tests.helpers import AsyncSource, SyncSource, indices_of, loader_threads
 
 SLOW_STEP_S = 0.003  # a slow training step
@@ -73,31 +70,6 @@ def test_device_thread_runs_at_most_two_batches_ahead():
             excess.append((k, len(CustomBatch.calls)))
     assert not excess
     assert loader.stats.max_ahead <= loader.stats.window
-
-
-Point = namedtuple("Point", "x y")
-
-
-@dataclass
-class Pair:
-    a: torch.Tensor
-    meta: str
-
-
-def test_nested_containers_keep_their_types():
-    """dicts, lists, tuples, namedtuples and dataclasses are rebuilt around moved tensors."""
-    moved = []
-
-    def mark(t):
-        moved.append(t)
-        return t + 1
-
-    batch = {"p": Point(torch.zeros(1), [torch.ones(1), "s"]), "d": Pair(torch.zeros(2), "m")}
-    out = map_batch(batch, mark, "to", lambda x: x)
-    assert len(moved) == 3
-    assert isinstance(out["p"], Point) and isinstance(out["d"], Pair)
-    assert out["p"].y[1] == "s" and out["d"].meta == "m"
-    assert torch.equal(out["d"].a, torch.ones(2)) and torch.equal(batch["d"].a, torch.zeros(2))
 
 
 def test_pin_memory_without_cuda_warns_once_and_passes_batches_through():

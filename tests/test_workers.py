@@ -1,0 +1,253 @@
+"""Worker processes: shared-memory batches, shipping once, seeding, determinism, crashes."""
+
+import gc
+import os
+import signal
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from asyncloader import AsyncLoader, WorkerCrashedError, get_worker_info
+from asyncloader._config import default_mp_context
+from asyncloader._worker import to_shared
+from tests.helpers import (
+    AsyncSource,
+    DieAt,
+    NoisySource,
+    RandomAugment,
+    SyncSource,
+    indices_of,
+    worker_processes,
+)
+
+
+def shm_files() -> set[str]:
+    """/dev/shm entries of this process: those it maps, and torch segments named after it.
+
+    /dev/shm is shared by every process on the machine, so a plain listing would also see
+    other test runs' files.
+    """
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split()[-1] for line in maps if "/dev/shm/" in line}
+    named = {
+        f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(f"torch_{os.getpid()}_")
+    }
+    return mapped | named
+
+
+def shm_mappings() -> int:
+    """Shared-memory segments mapped into this process by torch."""
+    with open("/proc/self/maps") as maps:
+        return sum("torch_" in line for line in maps)
+
+
+@dataclass
+class Record:
+    image: np.ndarray
+    label: int
+
+
+def mixed_collate(samples):
+    """A custom collate returning numpy arrays nested in every container kind."""
+    ids = np.stack(samples)
+    return {"ids": ids, "rec": Record(ids * 2, len(samples)), "pair": (ids[:, :1], [ids.sum()])}
+
+
+def test_numpy_and_tensors_come_back_through_shared_memory():
+    """Tensors arrive shared; numpy arrays arrive as numpy arrays, equal, in their containers."""
+    tensors = list(AsyncLoader(SyncSource(16), batch_size=4, num_workers=2))
+    assert all(t.is_shared() for t in tensors)
+    batches = list(
+        AsyncLoader(SyncSource(16), batch_size=4, num_workers=2, collate_fn=mixed_collate)
+    )
+    assert [int(b["ids"][0, 0]) for b in batches] == [0, 4, 8, 12]
+    b = batches[1]
+    assert isinstance(b["ids"], np.ndarray) and b["ids"].dtype == np.int64
+    assert isinstance(b["rec"], Record) and b["rec"].label == 4
+    assert np.array_equal(b["rec"].image, b["ids"] * 2)
+    assert isinstance(b["pair"], tuple) and b["pair"][1][0] == b["ids"].sum()
+
+
+def big(x):
+    """A transform that turns a sample into a 200 MB array."""
+    return np.full(200 * 2**20, int(x[0]) % 251, dtype=np.uint8)
+
+
+def test_a_200_mb_batch_arrives_intact_and_its_memory_is_released():
+    """200 MB batches cross intact; /dev/shm and this process's mappings return to baseline."""
+    files, maps = shm_files(), shm_mappings()
+    loader = AsyncLoader(SyncSource(3), batch_size=1, num_workers=2, transform=big, prefetch=1)
+    batches = list(loader)
+    assert [int(b[0, 0]) for b in batches] == [0, 1, 2]
+    assert all(b.numel() == 200 * 2**20 and int(b[0, -1]) == i for i, b in enumerate(batches))
+    assert shm_mappings() > maps, "the batches are views of shared memory"
+    del batches
+    gc.collect()
+    assert shm_mappings() == maps
+    assert shm_files() == files
+    loader.close()
+    assert shm_files() == files
+
+
+def test_full_shared_memory_says_so_and_how_to_fix_it():
+    """A sharing failure for lack of space becomes an OSError that names /dev/shm and a fix."""
+
+    class Full(torch.Tensor):
+        def share_memory_(self):
+            raise RuntimeError(
+                "unable to write to file </torch_1_2_3>: No space left on device (28)"
+            )
+
+    with pytest.raises(OSError, match=r"/dev/shm\) is too small .* --shm-size"):
+        to_shared({"x": torch.zeros(3).as_subclass(Full)})
+
+
+class CountedPickles(SyncSource):
+    """Counts how often it is pickled in this process."""
+
+    pickled = 0
+
+    def __getstate__(self):
+        type(self).pickled += 1
+        return self.__dict__
+
+
+def test_dataset_is_shipped_once_per_worker_not_per_task():
+    """50 batches, 2 workers: the dataset is pickled twice, at pool start."""
+    CountedPickles.pickled = 0
+    loader = AsyncLoader(CountedPickles(100), batch_size=2, num_workers=2)
+    assert indices_of(loader) == list(range(100))
+    assert CountedPickles.pickled == 2
+
+
+def test_default_start_method_is_forkserver_and_mp_context_is_honoured():
+    """forkserver by default on Linux; mp_context='spawn' starts spawned workers that work."""
+    assert default_mp_context().get_start_method() == "forkserver"
+    loader = AsyncLoader(SyncSource(20), batch_size=5, num_workers=2, mp_context="spawn")
+    assert indices_of(loader) == list(range(20))
+
+
+def mark_worker(worker_id):
+    os.environ["ASYNCLOADER_TEST_INIT"] = str(worker_id)
+
+
+def report_worker(samples):
+    info = get_worker_info()
+    return [
+        (info.id, info.seed, os.environ.get("ASYNCLOADER_TEST_INIT"), torch.initial_seed())
+        for _ in samples
+    ]
+
+
+def test_workers_are_seeded_from_the_generator_then_call_worker_init_fn():
+    """Worker i is seeded with base_seed + i (base drawn from generator), then init_fn(i) runs."""
+    base = int(
+        torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(7))
+    )
+    loader = AsyncLoader(
+        SyncSource(40),
+        batch_size=2,
+        num_workers=2,
+        collate_fn=report_worker,
+        worker_init_fn=mark_worker,
+        generator=torch.Generator().manual_seed(7),
+    )
+    rows = {row for batch in loader for row in batch}
+    assert rows, "batches were produced"
+    for worker_id, seed, marked, torch_seed in rows:
+        assert seed == base + worker_id == torch_seed
+        assert marked == str(worker_id)
+
+
+def epoch(source, num_workers, io_concurrency=64, seed=3):
+    loader = AsyncLoader(
+        source,
+        batch_size=5,
+        shuffle=True,
+        transform=RandomAugment(),
+        num_workers=num_workers,
+        io_concurrency=io_concurrency,
+        seed_per_sample=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return list(loader)
+
+
+def same(a, b):
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b, strict=False)
+    )
+
+
+@pytest.mark.parametrize("source", [NoisySource, AsyncSource])
+def test_seed_per_sample_makes_epochs_identical_across_worker_counts(source):
+    """Random draws in __getitem__ (sync) and transform are bit-identical for 0-3 workers."""
+    reference = epoch(source(60), 0, io_concurrency=1)
+    for num_workers, io_concurrency in [(0, 64), (1, 8), (2, 64), (3, 2)]:
+        assert same(epoch(source(60), num_workers, io_concurrency), reference), num_workers
+    assert not same(epoch(source(60), 2, seed=4), reference), "another seed, other draws"
+
+
+def test_without_seed_per_sample_workers_draw_differently():
+    """The check above can fail: without per-sample seeds, 1 and 2 workers disagree."""
+    one = list(AsyncLoader(SyncSource(30), batch_size=5, transform=RandomAugment(), num_workers=1))
+    two = list(AsyncLoader(SyncSource(30), batch_size=5, transform=RandomAugment(), num_workers=2))
+    assert not same(one, two)
+
+
+def test_persistent_workers_see_set_epoch():
+    """Sampling happens here, so sampler.set_epoch(e) takes effect with persistent workers."""
+    ds = SyncSource(40)
+    sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+    with AsyncLoader(
+        ds, batch_size=4, sampler=sampler, num_workers=2, persistent_workers=True
+    ) as loader:
+        for e in range(3):
+            sampler.set_epoch(e)
+            fresh = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+            fresh.set_epoch(e)
+            assert indices_of(loader) == list(fresh)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("how", "expected"), [("sigkill", "killed by signal SIGKILL"), ("exit", "exit code 3")]
+)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_dying_worker_raises_names_its_batch_and_the_loader_recovers(
+    tmp_path, how, expected, persistent
+):
+    """A worker killed mid-task raises WorkerCrashedError naming how and what it held."""
+    before = worker_processes()
+    loader = AsyncLoader(
+        SyncSource(40),
+        batch_size=4,
+        num_workers=2,
+        transform=DieAt(17, how, str(tmp_path / "died")),
+        persistent_workers=persistent,
+    )
+    with pytest.raises(WorkerCrashedError, match=expected) as info:
+        list(loader)
+    assert "batch 4 (indices [16, 17, 18, 19])" in str(info.value)
+    if not persistent:
+        assert worker_processes() == before, "no orphan workers"
+    assert indices_of(loader) == list(range(40)), "iterating again uses a fresh pool"
+    loader.close()
+    assert worker_processes() == before
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_killed_from_outside_mid_epoch_is_reported():
+    """SIGKILL sent to a worker by someone else fails the epoch instead of hanging it."""
+    before = worker_processes()
+    it = iter(AsyncLoader(AsyncSource(4000), batch_size=4, num_workers=2))
+    next(it)
+    victim = sorted(worker_processes() - before)[0]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(WorkerCrashedError, match=f"pid {victim} killed by signal SIGKILL"):
+        for _ in it:
+            pass
+    assert worker_processes() == before
