@@ -177,9 +177,11 @@ def epoch(source, num_workers, io_concurrency=64, seed=3):
 
 
 def same(a, b):
-    return len(a) == len(b) and all(
-        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b, strict=False)
-    )
+    """Two epochs of dict batches are equal, tensor for tensor."""
+    if len(a) != len(b):
+        return False
+    pairs = zip(a, b, strict=True)
+    return all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in pairs)
 
 
 @pytest.mark.parametrize("source", [NoisySource, AsyncSource])
