@@ -23,20 +23,21 @@ and then joins the epoch's threads and processes.
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from asyncloader._batches import map_batches, stream_batches
 from asyncloader._config import Config
 from asyncloader._device import DeviceStage
 from asyncloader._failure import Failure
 from asyncloader._fetch import Fetcher
 from asyncloader._pool import ProcessPool
 from asyncloader._reorder import ReorderBuffer
+from asyncloader._state import Cursor, Resume, is_stateful
 from asyncloader._threads import run_in_thread
 from asyncloader._transform import Transformer
 from asyncloader._worker import BatchPlan, call_seeded
@@ -79,15 +80,40 @@ class Epoch:
         config: The loader's validated options.
         seed: This epoch's seed (drawn from the loader's generator): per-sample seeds derive
             from it when ``seed_per_sample`` is on.
+        rng: The RNG state the epoch's draws started from (kept for checkpoints).
+        index_iter: The (batch) sampler's iterator, already started, for map-style sources.
+        resume: Where a resumed epoch starts.
         acquire_pool: Returns the started process pool and whether this epoch owns it (and so
             shuts it down); only called when ``config.num_workers > 0``.
     """
 
-    def __init__(self, config: Config, acquire_pool: PoolProvider, seed: int) -> None:
+    def __init__(
+        self,
+        config: Config,
+        acquire_pool: PoolProvider,
+        seed: int,
+        rng: tuple[str, torch.Tensor] | None = None,
+        index_iter: Iterator[Any] | None = None,
+        resume: Resume | None = None,
+    ) -> None:
         self._cfg = config
         self._seed = seed
+        self.rng = rng
         self._acquire_pool = acquire_pool
-        self._buffer = ReorderBuffer(config.in_order)
+        self._index_iter = index_iter
+        self._resume = resume = resume or Resume()
+        self._cursor = Cursor(resume.start, set(resume.skip))
+        self.finished = False  # the consumer saw the end (set by the iterators)
+        # An iterable source that keeps state: its state before each batch (pruned as the
+        # consumer receives them), so a checkpoint can name the one before the next batch.
+        self._states: dict[int, Any] | None = None
+        self._first_seq = 0
+        if not config.kind.is_map and is_stateful(config.dataset):
+            if resume.source_state is not None:
+                config.dataset.load_state_dict(resume.source_state)
+                self._first_seq = resume.start
+            self._states = {self._first_seq: config.dataset.state_dict()}
+        self._buffer = ReorderBuffer(config.in_order, resume.start, resume.skip)
         # With a device stage the consumer reads the device thread's output, in order.
         self._out = ReorderBuffer(in_order=False) if config.device_stage else self._buffer
         self._device_slots = asyncio.Semaphore(config.device_depth or 1)
@@ -110,8 +136,8 @@ class Epoch:
         self._task = self.loop.create_task(self._run(), name="asyncloader-epoch")
         return self._task
 
-    async def next(self) -> Any:
-        """Waits for the next batch. Its window permit stays taken until :meth:`release`.
+    async def next(self) -> tuple[int, Any]:
+        """Waits for the next ``(seq, batch)``. Its permit stays taken until :meth:`release`.
 
         Raises:
             StopAsyncIteration: The epoch is complete.
@@ -120,7 +146,7 @@ class Epoch:
         self._inflight.pop(seq, None)
         if isinstance(item, Failure):
             item.reraise()
-        return item
+        return seq, item
 
     def release(self) -> None:
         """The consumer has received a batch: return its permit to the window (on the loop)."""
@@ -129,9 +155,25 @@ class Epoch:
         if self._out is not self._buffer:
             self._device_slots.release()
 
-    def delivered(self) -> None:
-        """Counts a batch the consumer received; called on the consumer's thread."""
+    def delivered(self, seq: int) -> None:
+        """Records that the consumer received batch ``seq``; called on the consumer's thread."""
         self._batches += 1
+        self._cursor.add(seq)
+        if self._states is not None:
+            for old in [k for k in list(self._states) if k < self._cursor.next]:
+                self._states.pop(old, None)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """What the consumer has received of this epoch, JSON-friendly (see ``_state``)."""
+        cursor = self._cursor
+        source_state = None
+        if self._states is not None:
+            source_state = self._states.get(cursor.next)
+        return {
+            "next_batch": cursor.next,
+            "delivered_beyond": sorted(cursor.beyond),
+            "source_state": source_state,
+        }
 
     def describe_wait(self) -> str:
         """What the consumer is waiting for, for timeout messages."""
@@ -176,23 +218,28 @@ class Epoch:
         closers: list[Callable[[], None]] = []
         try:
             await self._set_up(closers)
-            batches = self._index_batches(closers)
+            cfg = self._cfg
+            if cfg.kind.is_map:
+                assert self._index_iter is not None
+                batches = map_batches(cfg, self._index_iter, self._resume)
+            else:
+                batches = stream_batches(cfg, self._resume, self._first_seq, self._states, closers)
             try:
                 async with asyncio.TaskGroup() as tg:
                     if self._device is not None:
                         tg.create_task(self._device_pump(self._device), name="device")
-                    seq = 0
+                    admitted = 0
                     while True:
                         await self._admit()
                         item = await anext(batches, None)
                         if item is None:
                             self._unadmit()
                             break
-                        indices, samples = item
+                        seq, indices, samples = item
                         self._inflight[seq] = indices
                         tg.create_task(self._process(seq, indices, samples), name=f"batch:{seq}")
-                        seq += 1
-                    self._buffer.finish(seq)
+                        admitted += 1
+                    self._buffer.finish(admitted)
             finally:
                 await batches.aclose()
         except asyncio.CancelledError:
@@ -287,70 +334,3 @@ class Epoch:
                     item = Failure.capture(exc, "device", seq, self._inflight.get(seq, ()))
             self._out.put(seq, item)
             forwarded += 1
-
-    async def _index_batches(
-        self, closers: list[Callable[[], None]]
-    ) -> AsyncIterator[tuple[Sequence[Any], list[Any] | None]]:
-        """Yields ``(indices, samples)``: samples is None where the fetch stage gets them."""
-        cfg = self._cfg
-        if cfg.kind.is_map:
-            source = cfg.batch_sampler if cfg.batch_sampler is not None else cfg.sampler
-            it = iter(source)
-            while True:
-                try:
-                    indices = next(it)
-                except StopIteration:
-                    return
-                except Exception as exc:
-                    exc.add_note("asyncloader: stage=sampler")
-                    raise
-                yield (indices if cfg.batched else [indices]), None
-            return
-        size = cfg.batch_size or 1
-        offsets = itertools.count()
-        pull = self._sync_puller(size, closers) if cfg.kind is SourceKind.ITERABLE else None
-        source_ait = aiter(cfg.dataset) if pull is None else None
-        try:
-            while True:
-                first = next(offsets)
-                try:
-                    if pull is not None:
-                        samples = await pull()
-                    else:
-                        samples = await _take_async(source_ait, size)
-                except Exception as exc:
-                    exc.add_note(f"asyncloader: stage=fetch stream_offset={first * size}")
-                    raise
-                if not samples or (cfg.drop_last and len(samples) < size):
-                    return
-                yield range(first * size, first * size + len(samples)), samples
-        finally:
-            if source_ait is not None and hasattr(source_ait, "aclose"):
-                await source_ait.aclose()
-
-    def _sync_puller(
-        self, size: int, closers: list[Callable[[], None]]
-    ) -> Callable[[], Awaitable[list[Any]]]:
-        """Pulls ``size`` items at a time from a sync iterable, off the loop's thread."""
-        loop = asyncio.get_running_loop()
-        thread = ThreadPoolExecutor(1, "asyncloader-source")
-        closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
-        dataset = self._cfg.dataset
-        state: dict[str, Any] = {}
-
-        def take() -> list[Any]:
-            if "it" not in state:
-                state["it"] = iter(dataset)
-            return list(itertools.islice(state["it"], size))
-
-        return lambda: loop.run_in_executor(thread, take)
-
-
-async def _take_async(ait: Any, size: int) -> list[Any]:
-    samples = []
-    for _ in range(size):
-        try:
-            samples.append(await anext(ait))
-        except StopAsyncIteration:
-            break
-    return samples

@@ -23,23 +23,33 @@ class ReorderBuffer:
 
     Args:
         in_order: Release seq 0, 1, 2, ... (``True``) or in completion order (``False``).
+        start: The first seq (a resumed epoch starts where the saved one stopped).
+        skip: Seqs that will never come (delivered before a checkpoint): the order steps over
+            them.
     """
 
-    def __init__(self, in_order: bool) -> None:
+    def __init__(self, in_order: bool, start: int = 0, skip: frozenset[int] = frozenset()) -> None:
         self._in_order = in_order
         self._pending: dict[int, Any] = {}
         self._ready: deque[tuple[int, Any]] = deque()
-        self._released = 0  # with in_order, also the next seq to release
+        self._skip = skip
+        self._next = self._step(start)  # with in_order, the next seq to release
+        self._released = 0
         self._total: int | None = None
         self._error: BaseException | None = None
         self._changed = asyncio.Event()
+
+    def _step(self, seq: int) -> int:
+        while seq in self._skip:
+            seq += 1
+        return seq
 
     @property
     def next_seq(self) -> int | None:
         """The seq the consumer waits for (in order), or None when any will do or all are out."""
         if not self._in_order or self._released == self._total:
             return None
-        return self._released
+        return self._next
 
     def __len__(self) -> int:
         return len(self._pending) + len(self._ready)
@@ -48,14 +58,14 @@ class ReorderBuffer:
         """Adds the result (batch or Failure) of ``seq``."""
         if self._in_order:
             self._pending[seq] = item
-            if seq != self._released:
+            if seq != self._next:
                 return
         else:
             self._ready.append((seq, item))
         self._changed.set()
 
     def finish(self, total: int) -> None:
-        """Declares that seqs ``0..total-1`` are all there will be."""
+        """Declares that ``total`` items are all there will be."""
         self._total = total
         self._changed.set()
 
@@ -67,8 +77,9 @@ class ReorderBuffer:
 
     def _pop(self) -> tuple[int, Any] | None:
         if self._in_order:
-            if self._released in self._pending:
-                seq = self._released
+            seq = self._next
+            if seq in self._pending:
+                self._next = self._step(seq + 1)
                 return seq, self._pending.pop(seq)
             return None
         return self._ready.popleft() if self._ready else None

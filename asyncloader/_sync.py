@@ -111,13 +111,15 @@ class SyncIterator:
                 f"no batch within timeout={self._timeout}s while waiting for {waited}"
             ) from None
         if kind == _ITEM:
-            self._epoch.delivered()
+            seq, batch = payload
+            self._epoch.delivered(seq)
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._epoch.release)
-            return hand_over(payload)
+            return hand_over(batch)
         self.close()
         if kind == _ERROR:
             raise payload
+        self._epoch.finished = True
         raise StopIteration
 
     @property

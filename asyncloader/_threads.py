@@ -55,9 +55,7 @@ async def run_in_thread(fn: Callable[[], T], name: str) -> T:
     thread.start()
     try:
         return await asyncio.shield(done)
-    except asyncio.CancelledError:
-        thread.join()
-        raise
     finally:
-        if not thread.is_alive():
-            thread.join()
+        # Settling ``done`` is the thread's last act, so this join is immediate unless the
+        # await was cancelled, and then it waits for ``fn`` to finish, as promised above.
+        thread.join()

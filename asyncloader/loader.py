@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -17,6 +18,15 @@ from asyncloader._config import build_config
 from asyncloader._device import hand_over
 from asyncloader._pipeline import Epoch, LoaderStats
 from asyncloader._pool import ProcessPool
+from asyncloader._state import (
+    STATE_VERSION,
+    capture_rng,
+    check_state,
+    decode_rng,
+    describe_config,
+    encode_rng,
+    resume_point,
+)
 from asyncloader._sync import SyncIterator
 from asyncloader._threads import run_in_thread
 from asyncloader._worker import BatchPlan
@@ -26,6 +36,23 @@ from asyncloader.errors import LoaderTimeoutError
 def _draw_seed(generator: torch.Generator | None) -> int:
     """A base seed drawn as DataLoader draws it, so a seeded generator gives the same shuffle."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def _started(cfg: Any) -> Iterator[Any]:
+    """The (batch) sampler's iterator with its first element drawn now (errors kept for later)."""
+    it = iter(cfg.batch_sampler if cfg.batch_sampler is not None else cfg.sampler)
+    try:
+        first = next(it)
+    except StopIteration:
+        return iter(())
+    except Exception as exc:
+        return _raising(exc)
+    return itertools.chain((first,), it)
+
+
+def _raising(exc: Exception) -> Iterator[Any]:
+    raise exc
+    yield
 
 
 class AsyncIterator:
@@ -51,7 +78,7 @@ class AsyncIterator:
             self._finalizer = weakref.finalize(self, _cancel_threadsafe, loop, task)
         try:
             async with asyncio.timeout(self._timeout) as deadline:
-                batch = await self._epoch.next()
+                seq, batch = await self._epoch.next()
         except TimeoutError:
             if not deadline.expired():
                 await self.aclose()
@@ -61,11 +88,15 @@ class AsyncIterator:
             raise LoaderTimeoutError(
                 f"no batch within timeout={self._timeout}s while waiting for {waited}"
             ) from None
+        except StopAsyncIteration:
+            self._epoch.finished = True
+            await self.aclose()
+            raise
         except BaseException:
             await self.aclose()
             raise
         self._epoch.release()
-        self._epoch.delivered()
+        self._epoch.delivered(seq)
         return hand_over(batch)
 
     @property
@@ -207,6 +238,7 @@ class AsyncLoader:
         self._last: Epoch | None = None
         self._persistent_seed: int | None = None
         self._epoch = -1
+        self._resume: dict[str, Any] | None = None
 
     # DataLoader's attributes, read-only.
     dataset = property(lambda self: self._cfg.dataset)
@@ -237,16 +269,75 @@ class AsyncLoader:
 
     def _new_epoch(self) -> Epoch:
         cfg = self._cfg
-        seed = _draw_seed(cfg.generator)  # before the sampler draws, as DataLoader does
+        resume, saved = self._resume, None
+        self._resume = None
+        rng = decode_rng(resume["rng"]) if resume else None
+        if rng is not None and rng[0] == "generator" and cfg.generator is not None:
+            cfg.generator.set_state(rng[1])
+        if rng is not None and rng[0] == "global":
+            saved = torch.get_rng_state()
+            torch.set_rng_state(rng[1])
+        try:
+            rng = capture_rng(cfg.generator)
+            seed = _draw_seed(cfg.generator)  # before the sampler draws, as DataLoader does
+            # Start the sampler here, on the consumer's thread, so that its draws happen now
+            # (as in DataLoader) and not whenever the loop thread gets to them.
+            index_iter = _started(cfg) if cfg.kind.is_map else None
+        finally:
+            if saved is not None:
+                torch.set_rng_state(saved)
         base_seed = seed
         if cfg.num_workers and cfg.persistent_workers:
             if self._persistent_seed is None:
                 self._persistent_seed = seed
             base_seed = self._persistent_seed
-        self._epoch += 1
-        self._last = Epoch(cfg, lambda plan: self._acquire_pool(plan, base_seed), seed)
+        self._epoch = resume["epoch"] if resume else self._epoch + 1
+        self._last = Epoch(
+            cfg,
+            lambda plan: self._acquire_pool(plan, base_seed),
+            seed,
+            rng=rng,
+            index_iter=index_iter,
+            resume=resume_point(resume) if resume else None,
+        )
         self._epochs.add(self._last)
         return self._last
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the consumer has received so far, to continue from after a restart.
+
+        A small, picklable and JSON-friendly dict: the epoch, the RNG state it started from,
+        which of its batches were delivered, and an iterable source's own ``state_dict()``
+        before the first batch not delivered. Batches in flight are not part of it: they are
+        fetched again on resume.
+        """
+        cfg, epoch = self._cfg, self._last
+        if epoch is not None and not epoch.finished:
+            position = {"epoch": self._epoch, "rng": encode_rng(epoch.rng), **epoch.checkpoint()}
+        else:
+            rng = capture_rng(cfg.generator) if cfg.generator is not None else None
+            position = {
+                "epoch": self._epoch + 1,
+                "rng": encode_rng(rng),
+                "next_batch": 0,
+                "delivered_beyond": [],
+                "source_state": None,
+            }
+        return {"version": STATE_VERSION, **describe_config(cfg), **position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Makes the next iteration continue exactly where ``state`` was saved.
+
+        ``num_workers``, ``io_concurrency``, ``prefetch`` and ``in_order`` may differ from the
+        saving loader; ``batch_size`` and the sampler's world size may not. A
+        ``DistributedSampler``'s epoch is yours to set, as for every epoch.
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: It comes from another version, batch size or world size.
+        """
+        check_state(state, self._cfg)
+        self._resume = state
 
     async def _acquire_pool(self, plan: BatchPlan, base_seed: int) -> tuple[ProcessPool, bool]:
         cfg, res = self._cfg, self._resources

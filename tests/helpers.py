@@ -201,3 +201,32 @@ class DieAt:
                 os.kill(os.getpid(), 9)
             os._exit(3)
         return x
+
+
+class StatefulStream:
+    """An iterable source that reports and restores its position (the Stateful protocol)."""
+
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+        self.pos = 0
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+    def __iter__(self):
+        while self.pos < self.n:
+            self.pos += 1
+            yield sample(self.pos - 1)
+
+
+class PlainStream:
+    """An iterable source without state: resuming must replay and skip."""
+
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return (sample(i) for i in range(self.n))

@@ -71,3 +71,13 @@ async def test_fail_wakes_a_waiting_consumer_with_the_error():
     buf.fail(KeyError("boom"))
     with pytest.raises(KeyError, match="boom"):
         await getter
+
+
+@pytest.mark.asyncio
+async def test_a_resumed_buffer_starts_late_and_steps_over_skipped_seqs():
+    """start=5, skip={7}: in order it releases 5, 6, 8, 9 and then ends."""
+    buf = ReorderBuffer(True, start=5, skip=frozenset({7}))
+    for seq in (9, 8, 6, 5):
+        buf.put(seq, f"batch{seq}")
+    buf.finish(4)
+    assert await drain(buf) == [5, 6, 8, 9]

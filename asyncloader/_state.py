@@ -1,0 +1,131 @@
+"""Checkpoint state: what the consumer has seen, and how a new loader continues from it.
+
+The state is what the consumer has received, never what is in flight: prefetched batches are
+discarded and refetched on resume (principle 6). An epoch is replayed from its start (the RNG
+state it began with reproduces the sampler's order and the per-sample seeds) and the batches
+already delivered are stepped over. Everything in the dict is JSON-friendly.
+"""
+
+from __future__ import annotations
+
+import base64
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from asyncloader._config import Config
+
+STATE_VERSION = 1
+
+
+@dataclass
+class Cursor:
+    """The batches of one epoch the consumer has received: all below ``next``, and ``beyond``.
+
+    ``beyond`` is non-empty only with ``in_order=False``, and never larger than the window.
+    """
+
+    next: int = 0
+    beyond: set[int] = field(default_factory=set)
+
+    def add(self, seq: int) -> None:
+        if seq != self.next:
+            self.beyond.add(seq)
+            return
+        self.next += 1
+        while self.next in self.beyond:
+            self.beyond.remove(self.next)
+            self.next += 1
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed epoch starts: first seq, seqs to step over, the source's own state."""
+
+    start: int = 0
+    skip: frozenset[int] = frozenset()
+    source_state: Any = None
+
+
+def is_stateful(source: Any) -> bool:
+    """The source can report and restore its position itself."""
+    return callable(getattr(source, "state_dict", None)) and callable(
+        getattr(source, "load_state_dict", None)
+    )
+
+
+def capture_rng(generator: torch.Generator | None) -> tuple[str, torch.Tensor]:
+    """The state the epoch's random draws start from: the generator's, or torch's global one."""
+    if generator is not None:
+        return "generator", generator.get_state()
+    return "global", torch.get_rng_state()
+
+
+def encode_rng(rng: tuple[str, torch.Tensor] | None) -> dict | None:
+    if rng is None:
+        return None
+    kind, state = rng
+    return {"kind": kind, "state": base64.b64encode(state.numpy().tobytes()).decode("ascii")}
+
+
+def decode_rng(data: dict | None) -> tuple[str, torch.Tensor] | None:
+    if data is None:
+        return None
+    raw = bytearray(base64.b64decode(data["state"]))
+    return data["kind"], torch.frombuffer(raw, dtype=torch.uint8).clone()
+
+
+def _num_replicas(cfg: Config) -> int | None:
+    return getattr(cfg.sampler, "num_replicas", None)
+
+
+def _batch_size(cfg: Config) -> int | None:
+    if cfg.batch_size is not None:
+        return cfg.batch_size
+    return getattr(cfg.batch_sampler, "batch_size", None)
+
+
+def describe_config(cfg: Config) -> dict:
+    """What a state depends on: batches only line up again when these are unchanged."""
+    return {"batch_size": _batch_size(cfg), "num_replicas": _num_replicas(cfg)}
+
+
+def check_state(state: Any, cfg: Config) -> None:
+    """Validates a state dict against this loader before it is used.
+
+    Raises:
+        TypeError: ``state`` is not a dict.
+        ValueError: Another version, or saved with another batch size or world size.
+    """
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict from state_dict(), got {type(state).__qualname__}")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(
+            f"state version={state.get('version')!r} is not {STATE_VERSION}: it was not saved "
+            "by this asyncloader"
+        )
+    for name, now in describe_config(cfg).items():
+        saved = state.get(name)
+        if saved != now:
+            raise ValueError(
+                f"state was saved with {name}={saved}, this loader has {name}={now}: the "
+                "batches would not line up; resume with the same value"
+            )
+    behind = state["next_batch"] > 0 or state["delivered_beyond"]
+    if behind and not cfg.kind.is_map and not is_stateful(cfg.dataset):
+        warnings.warn(
+            f"{type(cfg.dataset).__qualname__} has no state_dict()/load_state_dict(): resuming "
+            f"replays it from the start, pulling and dropping {state['next_batch']} batches",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def resume_point(state: dict) -> Resume:
+    return Resume(
+        start=int(state["next_batch"]),
+        skip=frozenset(int(s) for s in state["delivered_beyond"]),
+        source_state=state.get("source_state"),
+    )

@@ -1,0 +1,242 @@
+"""Checkpoint and resume: state_dict() mid-epoch, load_state_dict() in a new loader."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from asyncloader import AsyncLoader
+from tests.helpers import (
+    AsyncIterSource,
+    AsyncSource,
+    NoisySource,
+    PlainStream,
+    RandomAugment,
+    StatefulStream,
+    SyncSource,
+    indices_of,
+)
+
+
+def flat(batch):
+    """A comparable form of a batch (tensor or dict of tensors)."""
+    if isinstance(batch, dict):
+        return {k: v.tolist() for k, v in batch.items()}
+    return batch.tolist()
+
+
+def check_resume(make_loader, points, save_with=None, resume_with=None):
+    """Shared check for every source: stop after k batches, resume in a new loader, compare.
+
+    The resumed batches must equal the uninterrupted epoch's, batch by batch (in order), or,
+    with in_order=False, together with those seen before the stop, cover it exactly once.
+    """
+    reference = [flat(b) for b in make_loader(**(save_with or {}))]
+    for k in points:
+        first = make_loader(**(save_with or {}))
+        it = iter(first)
+        seen = [flat(next(it)) for _ in range(k)]
+        state = json.loads(json.dumps(first.state_dict()))  # JSON round trip
+        it.close()
+        second = make_loader(**(resume_with or {}))
+        second.load_state_dict(state)
+        rest = [flat(b) for b in second]
+        if first._cfg.in_order:
+            assert seen == reference[:k], k
+            assert rest == reference[k:], k
+        else:
+            key = lambda b: json.dumps(b)  # noqa: E731
+            assert Counter(map(key, seen + rest)) == Counter(map(key, reference)), k
+
+
+def shuffled(source, **kw):
+    def make(**override):
+        opts = dict(batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1), **kw)
+        opts.update(override)
+        return AsyncLoader(source, **opts)
+
+    return make
+
+
+@pytest.mark.parametrize("source", [SyncSource(50), AsyncSource(50)])
+def test_map_sources_resume_batch_for_batch(source):
+    """Sync and async map-style sources resume mid-epoch, batch for batch."""
+    check_resume(shuffled(source), [0, 1, 6, 12, 13])
+
+
+def test_resume_may_change_workers_and_io_concurrency():
+    """num_workers and io_concurrency may differ between the saving and resuming loaders."""
+    check_resume(
+        shuffled(SyncSource(50)),
+        [5],
+        save_with=dict(num_workers=2, io_concurrency=4),
+        resume_with=dict(num_workers=0, io_concurrency=64),
+    )
+
+
+def test_augmentations_match_after_resume_with_seed_per_sample():
+    """With seed_per_sample, the resumed batches' random augmentations match too."""
+    make = shuffled(NoisySource(40), transform=RandomAugment(), seed_per_sample=True)
+    check_resume(make, [3], save_with=dict(num_workers=2), resume_with=dict(num_workers=1))
+
+
+def test_out_of_order_resume_redelivers_exactly_the_missing_batches():
+    """in_order=False: state names the delivered seqs; resume delivers only the others."""
+    check_resume(shuffled(AsyncSource(60), in_order=False), [2, 7])
+
+
+def test_resume_without_a_generator_uses_the_global_rng_state():
+    """No generator: the epoch's starting global RNG state is replayed, and yours is kept."""
+    torch.manual_seed(11)
+    make = lambda: AsyncLoader(SyncSource(40), batch_size=4, shuffle=True)  # noqa: E731
+    full = make()
+    it = iter(full)
+    for _ in range(3):
+        next(it)
+    state = full.state_dict()
+    rest_same_run = [flat(b) for b in it]
+    torch.manual_seed(99)  # the trainer's RNG moved on; resume must not depend on it
+    trainer_rng = torch.get_rng_state()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [flat(b) for b in resumed] == rest_same_run
+    assert torch.equal(torch.get_rng_state(), trainer_rng), "the trainer's RNG is left alone"
+
+
+@pytest.mark.parametrize("source", [StatefulStream, AsyncIterSource])
+def test_iterable_sources_resume(source):
+    """A stateful stream restores its own position; others are replayed and skipped."""
+    make = lambda **kw: AsyncLoader(source(30), batch_size=4, **kw)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_resume(make, [0, 3, 7])
+
+
+def test_stateful_stream_is_not_replayed():
+    """With state_dict()/load_state_dict() the source restarts at the saved position."""
+    stream = StatefulStream(40)
+    loader = AsyncLoader(stream, batch_size=4)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    it.close()
+    assert state["source_state"] == {"pos": 20}
+    resumed_stream = StatefulStream(40)
+    resumed = AsyncLoader(resumed_stream, batch_size=4)
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fast-forward warning
+        assert indices_of(resumed) == list(range(20, 40))
+
+
+def test_stateless_stream_warns_that_it_fast_forwards():
+    """A source without state is replayed from the start, with a warning saying so."""
+    loader = AsyncLoader(PlainStream(20), batch_size=4)
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    resumed = AsyncLoader(PlainStream(20), batch_size=4)
+    with pytest.warns(UserWarning, match="pulling and dropping 2 batches"):
+        resumed.load_state_dict(state)
+    assert indices_of(resumed) == list(range(8, 20))
+
+
+def test_state_between_epochs_starts_the_next_epoch():
+    """A state saved after an epoch ends resumes into the next epoch, as uninterrupted."""
+    a = shuffled(SyncSource(20))()
+    list(a)
+    state = a.state_dict()
+    second_epoch = [flat(b) for b in a]
+    b = shuffled(SyncSource(20))()
+    b.load_state_dict(state)
+    assert [flat(x) for x in b] == second_epoch
+    assert state["epoch"] == 1 and state["next_batch"] == 0
+
+
+def test_state_is_small_and_json_friendly():
+    """The state is a plain dict that JSON round-trips, a few KB however large the epoch."""
+    loader = shuffled(SyncSource(100_000))()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    assert json.loads(json.dumps(state)) == state
+    assert len(json.dumps(state)) < 10_000
+    assert state["next_batch"] == 1 and state["delivered_beyond"] == []
+
+
+def test_changing_batch_size_or_world_size_is_refused():
+    """A different batch size or DistributedSampler world size fails with a clear error."""
+    state = shuffled(SyncSource(20))().state_dict()
+    with pytest.raises(ValueError, match="saved with batch_size=4, this loader has batch_size=5"):
+        AsyncLoader(SyncSource(20), batch_size=5).load_state_dict(state)
+    ds = SyncSource(20)
+    two = AsyncLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0))
+    three = AsyncLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=3, rank=0))
+    with pytest.raises(ValueError, match="num_replicas=2, this loader has num_replicas=3"):
+        three.load_state_dict(two.state_dict())
+    with pytest.raises(TypeError, match="state must be a dict"):
+        two.load_state_dict([])
+
+
+PREEMPTED = """
+import json, os, sys
+import torch
+from asyncloader import AsyncLoader
+from tests.helpers import SyncSource
+
+folder, every, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+loader = AsyncLoader(SyncSource(200), batch_size=4, shuffle=True, num_workers=2,
+                     generator=torch.Generator().manual_seed(0))
+saved = sorted(int(name.split(".")[0]) for name in os.listdir(folder) if name[0].isdigit())
+if mode == "resume":
+    with open(os.path.join(folder, f"{saved[-1]}.json")) as f:
+        loader.load_state_dict(json.load(f)["loader"])
+since = []
+for k, batch in enumerate(loader, 1):
+    since += batch[:, 0].tolist()
+    if mode == "train" and k % every == 0:
+        # One file per checkpoint, written whole then renamed: a kill never leaves half of one.
+        # A trainer would save its model in the same file.
+        path = os.path.join(folder, f"{k}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"loader": loader.state_dict(), "delivered": since}, f)
+        os.replace(path + ".tmp", path)
+        since = []
+        print("checkpoint", flush=True)
+if mode == "resume":
+    with open(os.path.join(folder, "resumed.json"), "w") as f:
+        json.dump({"delivered": since}, f)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_sigkilled_run_resumes_and_together_they_deliver_every_sample_once(tmp_path):
+    """A trainer SIGKILLed after a random checkpoint resumes from the last one it saved; the
+    samples committed by its checkpoints and those of the resumed run cover the epoch once."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-c", PREEMPTED, str(tmp_path), "3"]
+    victim = subprocess.Popen([*cmd, "train"], stdout=subprocess.PIPE, text=True, env=env)
+    stop_after = random.Random().randint(1, 12)
+    for _ in range(stop_after):
+        assert victim.stdout.readline() == "checkpoint\n"
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    subprocess.run([*cmd, "resume"], check=True, env=env, timeout=50)
+    delivered = []
+    for name in os.listdir(tmp_path):
+        if name.endswith(".json"):
+            with open(tmp_path / name) as f:
+                delivered += json.load(f)["delivered"]
+    assert sorted(delivered) == list(range(200)), f"killed after checkpoint {stop_after}"
