@@ -107,3 +107,20 @@ async def _take_async(ait: Any, size: int) -> list[Any]:
         except StopAsyncIteration:
             break
     return samples
+
+
+def start_sampler(cfg: Config) -> Iterator[Any]:
+    """The (batch) sampler's iterator with its first element drawn now (errors kept for later)."""
+    it = iter(cfg.batch_sampler if cfg.batch_sampler is not None else cfg.sampler)
+    try:
+        first = next(it)
+    except StopIteration:
+        return iter(())
+    except Exception as exc:
+        return _raising(exc)
+    return itertools.chain((first,), it)
+
+
+def _raising(exc: Exception) -> Iterator[Any]:
+    raise exc
+    yield

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
 import torch
 
+from asyncloader._async import AsyncIterator
+from asyncloader._batches import start_sampler
 from asyncloader._config import build_config
-from asyncloader._device import hand_over
 from asyncloader._pipeline import Epoch, LoaderStats
 from asyncloader._pool import ProcessPool
 from asyncloader._state import (
@@ -30,97 +29,11 @@ from asyncloader._state import (
 from asyncloader._sync import SyncIterator
 from asyncloader._threads import run_in_thread
 from asyncloader._worker import BatchPlan
-from asyncloader.errors import LoaderTimeoutError
 
 
 def _draw_seed(generator: torch.Generator | None) -> int:
     """A base seed drawn as DataLoader draws it, so a seeded generator gives the same shuffle."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-def _started(cfg: Any) -> Iterator[Any]:
-    """The (batch) sampler's iterator with its first element drawn now (errors kept for later)."""
-    it = iter(cfg.batch_sampler if cfg.batch_sampler is not None else cfg.sampler)
-    try:
-        first = next(it)
-    except StopIteration:
-        return iter(())
-    except Exception as exc:
-        return _raising(exc)
-    return itertools.chain((first,), it)
-
-
-def _raising(exc: Exception) -> Iterator[Any]:
-    raise exc
-    yield
-
-
-class AsyncIterator:
-    """One epoch consumed with ``async for`` on the running loop."""
-
-    def __init__(self, epoch: Epoch, timeout: float) -> None:
-        self._epoch = epoch
-        self._timeout = timeout or None
-        self._started = False
-        self._done = False
-        self._finalizer: weakref.finalize | None = None
-
-    def __aiter__(self) -> AsyncIterator:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._done:
-            raise StopAsyncIteration
-        if not self._started:
-            self._started = True
-            task = self._epoch.start()
-            loop = asyncio.get_running_loop()
-            self._finalizer = weakref.finalize(self, _cancel_threadsafe, loop, task)
-        try:
-            async with asyncio.timeout(self._timeout) as deadline:
-                seq, batch = await self._epoch.next()
-        except TimeoutError:
-            if not deadline.expired():
-                await self.aclose()
-                raise
-            waited = self._epoch.describe_wait()
-            await self.aclose()
-            raise LoaderTimeoutError(
-                f"no batch within timeout={self._timeout}s while waiting for {waited}"
-            ) from None
-        except StopAsyncIteration:
-            self._epoch.finished = True
-            await self.aclose()
-            raise
-        except BaseException:
-            await self.aclose()
-            raise
-        self._epoch.release()
-        self._epoch.delivered(seq)
-        return hand_over(batch)
-
-    @property
-    def stats(self) -> LoaderStats:
-        return self._epoch.stats
-
-    async def aclose(self) -> None:
-        """Cancels the epoch and waits until its threads and processes are joined. Idempotent."""
-        self._done = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        await self._epoch.aclose()
-
-    async def __aenter__(self) -> AsyncIterator:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-def _cancel_threadsafe(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
-    """Finalizer of a dropped async iterator (``break``): cancel its epoch; cleanup runs there."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(task.cancel)
 
 
 class _Resources:
@@ -282,7 +195,7 @@ class AsyncLoader:
             seed = _draw_seed(cfg.generator)  # before the sampler draws, as DataLoader does
             # Start the sampler here, on the consumer's thread, so that its draws happen now
             # (as in DataLoader) and not whenever the loop thread gets to them.
-            index_iter = _started(cfg) if cfg.kind.is_map else None
+            index_iter = start_sampler(cfg) if cfg.kind.is_map else None
         finally:
             if saved is not None:
                 torch.set_rng_state(saved)

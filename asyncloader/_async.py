@@ -1,0 +1,85 @@
+"""The async iteration of one epoch: ``async for batch in loader`` on the running loop.
+
+Breaking out of ``async for`` drops the iterator; its finalizer cancels the epoch's task,
+whose ``finally`` joins the epoch's threads and processes on the loop
+(``await loader.aclose()`` waits for that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from typing import Any
+
+from asyncloader._device import hand_over
+from asyncloader._pipeline import Epoch, LoaderStats
+from asyncloader.errors import LoaderTimeoutError
+
+
+class AsyncIterator:
+    """One epoch consumed with ``async for`` on the running loop."""
+
+    def __init__(self, epoch: Epoch, timeout: float) -> None:
+        self._epoch = epoch
+        self._timeout = timeout or None
+        self._started = False
+        self._done = False
+        self._finalizer: weakref.finalize | None = None
+
+    def __aiter__(self) -> AsyncIterator:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        if not self._started:
+            self._started = True
+            task = self._epoch.start()
+            loop = asyncio.get_running_loop()
+            self._finalizer = weakref.finalize(self, _cancel_threadsafe, loop, task)
+        try:
+            async with asyncio.timeout(self._timeout) as deadline:
+                seq, batch = await self._epoch.next()
+        except TimeoutError:
+            if not deadline.expired():
+                await self.aclose()
+                raise
+            waited = self._epoch.describe_wait()
+            await self.aclose()
+            raise LoaderTimeoutError(
+                f"no batch within timeout={self._timeout}s while waiting for {waited}"
+            ) from None
+        except StopAsyncIteration:
+            self._epoch.finished = True
+            await self.aclose()
+            raise
+        except BaseException:
+            await self.aclose()
+            raise
+        self._epoch.release()
+        self._epoch.delivered(seq)
+        return hand_over(batch)
+
+    @property
+    def stats(self) -> LoaderStats:
+        return self._epoch.stats
+
+    async def aclose(self) -> None:
+        """Cancels the epoch and waits until its threads and processes are joined. Idempotent."""
+        self._done = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        await self._epoch.aclose()
+
+    async def __aenter__(self) -> AsyncIterator:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _cancel_threadsafe(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+    """Finalizer of a dropped async iterator (``break``): cancel its epoch; cleanup runs there."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(task.cancel)
