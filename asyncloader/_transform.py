@@ -49,10 +49,10 @@ class Transformer:
             WorkerCrashedError: A worker process died while the pool held this batch.
         """
         async with self._slots:
-            future = self._executor.submit(
-                run_batch, self._plan, seq, indices, samples, self._epoch_seed
-            )
-            try:
+            try:  # submit() itself raises once the pool is broken
+                future = self._executor.submit(
+                    run_batch, self._plan, seq, indices, samples, self._epoch_seed
+                )
                 return from_shared(await asyncio.wrap_future(future))
             except BrokenProcessPool as exc:
                 details = str(exc)
