@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, default_collate
 
 from asyncloader import AsyncLoader, WorkerCrashedError, get_worker_info
 from asyncloader._config import default_mp_context
@@ -241,13 +241,17 @@ def test_a_dying_worker_raises_names_its_batch_and_the_loader_recovers(
     assert worker_processes() == before
 
 
+def with_pid(samples):
+    """Collates and tells which worker process made the batch."""
+    return {"x": default_collate(samples), "pid": os.getpid()}
+
+
 @pytest.mark.timeout(30)
 def test_a_worker_killed_from_outside_mid_epoch_is_reported():
     """SIGKILL sent to a worker by someone else fails the epoch instead of hanging it."""
     before = worker_processes()
-    it = iter(AsyncLoader(AsyncSource(4000), batch_size=4, num_workers=2))
-    next(it)
-    victim = sorted(worker_processes() - before)[0]
+    it = iter(AsyncLoader(AsyncSource(4000), batch_size=4, num_workers=2, collate_fn=with_pid))
+    victim = next(it)["pid"]
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(WorkerCrashedError, match=f"pid {victim} killed by signal SIGKILL"):
         for _ in it:
