@@ -30,9 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiohttp import web
+from aiohttp import ClientSession, web
 
 FAULTS = ("503", "429", "403", "404", "reset", "truncate", "short", "stall")
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
 
@@ -67,11 +68,19 @@ class Request:
 class FaultyHTTPServer:
     """Serves ``objects`` (path -> bytes) at ``http://127.0.0.1:<port>/<path>``.
 
-    Use as a context manager; ``faults`` may be replaced between requests.
+    With ``upstream`` (another server on 127.0.0.1) it is a reverse proxy instead: requests
+    are forwarded unchanged (Host and signature headers included) and the faults are applied
+    to the upstream's answers. Use as a context manager; ``faults`` may be replaced.
     """
 
-    def __init__(self, objects: Mapping[str, bytes], faults: Faults | None = None) -> None:
+    def __init__(
+        self,
+        objects: Mapping[str, bytes],
+        faults: Faults | None = None,
+        upstream: str | None = None,
+    ) -> None:
         self.objects = dict(objects)
+        self.upstream = upstream
         self.faults = faults or Faults()
         self.requests: list[Request] = []
         self.active = 0
@@ -82,6 +91,7 @@ class FaultyHTTPServer:
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
+        self._client: ClientSession | None = None
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}"
@@ -122,6 +132,8 @@ class FaultyHTTPServer:
         if fault in ("503", "429", "403", "404"):
             headers = {"Retry-After": "0"} if fault == "429" else {}
             return web.Response(status=int(fault), text=f"injected {fault}", headers=headers)
+        if self.upstream is not None:
+            return await self._forward(request, fault)
         body = self.objects.get(path)
         if body is None:
             return web.Response(status=404, text="no such object")
@@ -149,6 +161,34 @@ class FaultyHTTPServer:
                 request.transport.abort()
             else:
                 request.transport.close()
+            return resp
+        await resp.write(body)
+        await resp.write_eof()
+        return resp
+
+    async def _forward(self, request: web.Request, fault: str) -> web.StreamResponse:
+        """Relays the request upstream; a reset or truncation cuts the relayed body."""
+        if self._client is None:
+            self._client = ClientSession(auto_decompress=False)
+        async with self._client.request(
+            request.method,
+            f"{self.upstream}{request.rel_url}",
+            headers=request.headers,
+            data=await request.read(),
+            allow_redirects=False,
+        ) as up:
+            body = await up.read()
+            headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP}
+        if request.method != "HEAD":
+            headers["Content-Length"] = str(len(body))
+        elif "Content-Length" in up.headers:
+            headers["Content-Length"] = up.headers["Content-Length"]
+        resp = web.StreamResponse(status=up.status, headers=headers)
+        await resp.prepare(request)
+        if fault in ("reset", "truncate") and len(body) > 1:
+            await resp.write(body[: len(body) // 2])
+            assert request.transport is not None
+            (request.transport.abort if fault == "reset" else request.transport.close)()
             return resp
         await resp.write(body)
         await resp.write_eof()
@@ -186,6 +226,8 @@ class FaultyHTTPServer:
         self._loop.call_soon_threadsafe(self._stopping.set)
         future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
         future.result(timeout=30)
+        if self._client is not None:
+            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 

