@@ -73,7 +73,8 @@ class ShardedSource:
         seed: Seeds the shard order and the shuffle buffer; the same on every rank.
         shuffle: Shuffle the shard order each epoch (and samples, with ``shuffle_buffer``).
         shuffle_buffer: Samples held to shuffle among (1: no sample shuffling).
-        shard_concurrency: Shards read at once.
+        shard_concurrency: Shards read at once; their samples interleave as they arrive, so
+            the order within an epoch varies with timing (the set of samples does not).
         rank, world_size: This process's place among the ranks; default torch.distributed's
             when initialised, else a single rank.
         decode: ``fn(sample dict) -> sample``, run on the event loop.
