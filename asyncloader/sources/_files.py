@@ -11,7 +11,7 @@ refused) are permanent: they fail at the first attempt.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,9 @@ class FileClient:
             raise Permanent(f"range {first}+{length} goes past the end of {path} ({size} bytes)")
         return data
 
-    async def stream(self, target: str, start: int, pin: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def stream(
+        self, target: str, start: int, pin: dict[str, Any]
+    ) -> AsyncGenerator[bytes, None]:
         path, pos = self.describe(target), start
         while chunk := await _read(path, pos, _CHUNK):
             pos += len(chunk)

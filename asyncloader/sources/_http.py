@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncloader.sources._map import (
@@ -145,7 +145,9 @@ class HTTPClient:
             raise Permanent(f"range {first}+{length} goes past the end ({first + len(data)})")
         return data
 
-    async def stream(self, target: str, start: int, pin: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def stream(
+        self, target: str, start: int, pin: dict[str, Any]
+    ) -> AsyncGenerator[bytes, None]:
         session = await self._sessions.get()
         async with session.get(target, headers=self._request_headers(start, None, pin)) as resp:
             drop = self._check(resp, start, start > 0)

@@ -10,7 +10,7 @@ returns a :class:`Skipped` marker in place of a bad sample. Clients live one per
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Protocol
 
 from asyncloader.errors import FetchError
@@ -35,7 +35,7 @@ class Client(Protocol):
         """The whole object, or ``length`` bytes from ``start`` (to the end when None)."""
         ...
 
-    def stream(self, target: str, start: int, pin: dict[str, Any]) -> AsyncIterator[bytes]:
+    def stream(self, target: str, start: int, pin: dict[str, Any]) -> AsyncGenerator[bytes, None]:
         """Chunks of the object from byte ``start``; ``pin`` keeps what must not change
         between the attempts of one stream (an ETag, a size)."""
         ...

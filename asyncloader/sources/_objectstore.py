@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from asyncloader.sources._map import (
@@ -75,7 +75,7 @@ def tuned_options(protocol: str, options: Mapping[str, Any], max_connections: in
     return tuned
 
 
-def run_blocking(op: Callable[[], Awaitable[T]]) -> T:
+def run_blocking(op: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Runs ``op()`` on a new event loop in a new thread (callable from inside a loop)."""
     result: list[T] = []
     error: list[BaseException] = []
@@ -173,7 +173,9 @@ class StoreClient:
         check_size(len(data), self.max_object_size, self.describe(target))
         return data
 
-    async def stream(self, target: str, start: int, pin: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def stream(
+        self, target: str, start: int, pin: dict[str, Any]
+    ) -> AsyncGenerator[bytes, None]:
         """Ranged GETs of 8 MiB from ``start``; one ``_info`` per stream for the size."""
         fs = await self._fss.get()
         path = fs._strip_protocol(target)
@@ -253,8 +255,9 @@ class ObjectStoreSource(RemoteMap):
             max_object_size=max_object_size,
         )
         if isinstance(url_or_keys, str):
-            attempts = Attempts(client.describe(url_or_keys), retry, client.redact)
-            listed = run_blocking(lambda: retrying(lambda: client.find(url_or_keys), attempts))
+            prefix = url_or_keys
+            attempts = Attempts(client.describe(prefix), retry, client.redact)
+            listed = run_blocking(lambda: retrying(lambda: client.find(prefix), attempts))
             if not listed:
                 raise ValueError(f"no objects under {client.describe(url_or_keys)!r}")
             url_or_keys = listed

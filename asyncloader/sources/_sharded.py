@@ -116,7 +116,9 @@ class ShardedSource:
         max_connections: int | None = None,
     ) -> None:
         retry = retry or Retry()
-        check_common(retry, max_object_size, decode)
+        check_common(retry, max_object_size, None)
+        if decode is not None and not callable(decode):
+            raise TypeError(f"decode must be callable or None, got {type(decode).__qualname__}")
         if isinstance(shard_urls, str) or not shard_urls:
             raise ValueError("shard_urls must be a non-empty sequence of URLs or paths")
         self._urls = [str(u) for u in shard_urls]
@@ -265,7 +267,9 @@ class ShardedSource:
 def _counts(samples_per_shard: int | Sequence[int] | None, n: int) -> list[int] | None:
     if samples_per_shard is None:
         return None
-    if isinstance(samples_per_shard, int) and not isinstance(samples_per_shard, bool):
+    if isinstance(samples_per_shard, bool):
+        raise TypeError("samples_per_shard must be an int or a sequence of ints, got bool")
+    if isinstance(samples_per_shard, int):
         counts = [samples_per_shard] * n
     else:
         counts = [int(c) for c in samples_per_shard]
