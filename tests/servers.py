@@ -262,6 +262,7 @@ class SeaweedS3:
         self.binary = binary
         self.dir = tempfile.mkdtemp(prefix="weed-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: list[int] = []
         self.endpoint = ""
 
     @property
@@ -283,7 +284,8 @@ class SeaweedS3:
         config.write_text(json.dumps({"identities": [identity]}))
         names = [f"{n}.port{g}" for n in ("master", "volume", "filer", "s3", "admin")
                  for g in ("", ".grpc")]  # fmt: skip
-        ports = dict(zip(names, free_ports(len(names)), strict=True))
+        self.ports = free_ports(len(names))
+        ports = dict(zip(names, self.ports, strict=True))
         args = [f"-{name}={port}" for name, port in ports.items()]
         self.endpoint = f"http://127.0.0.1:{ports['s3.port']}"
         data = Path(self.dir, "data")
@@ -317,11 +319,16 @@ class SeaweedS3:
         raise RuntimeError("weed mini did not become ready")
 
     def __exit__(self, *exc_info: object) -> None:
+        """Stops the server (its graceful shutdown can take 30 s: 3 s, then SIGKILL) and
+        removes what it left: its data and the gRPC sockets it made in /tmp for our ports."""
         if self.proc is not None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=3)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+        for port in self.ports:
+            for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
