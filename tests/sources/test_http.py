@@ -96,7 +96,7 @@ def test_a_stalled_request_times_out_and_is_retried(http_server):
     """A request that exceeds `timeout` is abandoned and retried."""
     objs = objects(1)
     server = http_server(objs, Faults(script={"obj/0000": ["stall"]}, stall=30))
-    source = HTTPSource([server.url("obj/0000")], timeout=0.3, retry=FAST)
+    source = HTTPSource([server.url("obj/0000")], timeout=1.0, retry=FAST)
     assert bodies(AsyncLoader(source, collate_fn=list)) == list(objs.values())
     assert [r.fault for r in server.requests] == ["stall", "ok"]
 
@@ -174,13 +174,13 @@ def test_credentials_never_appear_in_repr_logs_or_errors(http_server, caplog):
 
 
 def test_connection_pool_is_not_capped_by_aiohttp_default(http_server):
-    """150 requests are in flight at once with io_concurrency=150 (aiohttp's default cap: 100)."""
+    """More than 100 requests are in flight with io_concurrency=150 (aiohttp's default cap)."""
     objs = objects(150, size=16)
-    server = http_server(objs, Faults(latency=0.3))
+    server = http_server(objs, Faults(latency=0.5))
     source = HTTPSource([server.url(k) for k in objs])
     loader = AsyncLoader(source, batch_size=150, io_concurrency=150, collate_fn=list)
     assert bodies(loader) == list(objs.values())
-    assert server.max_active == 150
+    assert 100 < server.max_active <= 150
 
 
 def test_one_session_per_loop_closed_at_loop_shutdown(http_server):
