@@ -17,6 +17,7 @@ member is lost or read twice; see :mod:`._retry` for the budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -211,6 +212,7 @@ class ShardedSource:
         pin: dict[str, Any] = {}
         offset, seen, key, fields = 0, 0, None, {}
         end = None if slc.take is None else slc.skip + slc.take
+        declared = None if self._counts is None else self._counts[slc.shard]
         while True:
             chunks = self._client.stream(url, offset, pin)
             try:
@@ -221,6 +223,11 @@ class ShardedSource:
                         if seen >= slc.skip:
                             yield {"__key__": key, "__url__": target, **fields}
                         seen, fields = seen + 1, {}
+                        if seen == declared:  # a sample the count did not declare
+                            raise ValueError(
+                                f"the shard holds more than {declared} samples, which "
+                                "samples_per_shard says; the rest would be lost"
+                            )
                         if seen == end:
                             return
                     key, fields[ext] = name, member.data
@@ -243,21 +250,22 @@ class ShardedSource:
         """Puts the decoded samples of one slice on ``out``, skipping as ``on_error`` says."""
         sent = 0
         try:
-            async for sample in self.samples(slc):
-                sent += 1
-                if self._decode is None:
-                    await out.put(sample)
-                    continue
-                try:
-                    item = self._decode(sample)
-                except Exception as exc:
-                    reason = f"decode failed: {describe(exc, self._client.redact)}"
-                    if not self._skips.absorb(
-                        exc, f"{sample['__url__']}#{sample['__key__']}", reason
-                    ):
-                        raise
-                    continue
-                await out.put(item)
+            async with contextlib.aclosing(self.samples(slc)) as samples:
+                async for sample in samples:
+                    sent += 1
+                    if self._decode is None:
+                        await out.put(sample)
+                        continue
+                    try:
+                        item = self._decode(sample)
+                    except Exception as exc:
+                        reason = f"decode failed: {describe(exc, self._client.redact)}"
+                        if not self._skips.absorb(
+                            exc, f"{sample['__url__']}#{sample['__key__']}", reason
+                        ):
+                            raise
+                        continue
+                    await out.put(item)
         except FetchError as exc:
             left = (slc.take - sent) if slc.take is not None else 0
             if not self._skips.absorb(exc, exc.target, exc.cause, samples=max(left, 1)):

@@ -129,6 +129,15 @@ def test_a_shard_with_fewer_samples_than_declared_raises(http_server):
         keys(AsyncLoader(make([url], 6), collate_fn=list))
 
 
+def test_a_shard_with_more_samples_than_declared_raises_instead_of_dropping(http_server):
+    """Samples beyond samples_per_shard would reach no rank: FetchError, not silence."""
+    shards = shard_set(2, 6)
+    server = http_server(shards)
+    urls = [server.url(name) for name in shards]
+    with pytest.raises(FetchError, match="holds more than 5 samples"):
+        keys(AsyncLoader(make(urls, 5, rank=1, world_size=2), collate_fn=list))
+
+
 def test_failed_shard_skip_counts_its_samples(http_server):
     """on_error='skip': a shard that fails for good is skipped and its samples counted."""
     shards = shard_set(3, 4)
