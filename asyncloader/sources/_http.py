@@ -20,7 +20,7 @@ from asyncloader.sources._map import (
     parse_items,
 )
 from asyncloader.sources._perloop import PerLoop
-from asyncloader.sources._redact import Redactor, looks_secret, redact_url, url_secrets
+from asyncloader.sources._redact import Redactor, looks_secret, redact_url
 from asyncloader.sources._retry import Permanent, Retry, Transient, check_size
 
 if TYPE_CHECKING:
@@ -96,10 +96,6 @@ class HTTPClient:
 
     def describe(self, target: str) -> str:
         return redact_url(target)
-
-    def learn(self, targets: Sequence[str]) -> None:
-        """Adds the secret parts of ``targets`` (passwords, query values) to the redactor."""
-        self.redact.add(s for t in targets for s in url_secrets(t))
 
     @staticmethod
     def _check(resp: aiohttp.ClientResponse, start: int, ranged: bool) -> int:
@@ -237,7 +233,6 @@ class HTTPSource(RemoteMap):
             max_connections=max_connections,
             max_object_size=max_object_size,
         )
-        client.learn([target for target, _, _ in items])
         super().__init__(
             items, client, decode=decode, retry=retry, on_error=on_error, max_skipped=max_skipped
         )

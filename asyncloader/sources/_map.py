@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Protocol
 
 from asyncloader.errors import FetchError
-from asyncloader.sources._redact import Redactor
+from asyncloader.sources._redact import Redactor, url_secrets
 from asyncloader.sources._retry import Attempts, Retry, describe, retrying
 from asyncloader.sources._skips import Skipped, Skips
 
@@ -121,7 +121,8 @@ class RemoteMap:
             Exception: Whatever ``decode`` raised, as itself.
         """
         target, start, length = self._items[index]
-        attempts = Attempts(self._client.describe(target), self._retry, self._client.redact)
+        redact = self._client.redact.extended(url_secrets(target))
+        attempts = Attempts(self._client.describe(target), self._retry, redact)
         try:
             data = await retrying(lambda: self._client.read(target, start, length), attempts)
         except FetchError as exc:
@@ -133,7 +134,7 @@ class RemoteMap:
         try:
             return self._decode(data)
         except Exception as exc:
-            reason = describe(exc, self._client.redact)
+            reason = describe(exc, redact)
             if self._skips.absorb(exc, attempts.target, f"decode failed: {reason}"):
                 return Skipped(index, attempts.target, reason)
             raise

@@ -74,11 +74,12 @@ class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets = sorted({s for s in secrets if len(s) >= _MIN_SECRET}, key=len, reverse=True)
 
-    def add(self, secrets: Iterable[str]) -> None:
-        """Adds more values never to show."""
-        self._secrets = sorted(
-            {*self._secrets, *(s for s in secrets if len(s) >= _MIN_SECRET)}, key=len, reverse=True
-        )
+    def extended(self, secrets: Iterable[str]) -> Redactor:
+        """A new Redactor hiding these values too (per URL, so none holds every URL's)."""
+        extra = [s for s in secrets if len(s) >= _MIN_SECRET]
+        if not extra:
+            return self
+        return Redactor([*self._secrets, *extra])
 
     def holds_secret(self, text: str) -> bool:
         """Whether ``text`` contains a secret value."""

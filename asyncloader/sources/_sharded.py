@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from asyncloader.errors import FetchError
@@ -27,7 +27,7 @@ from asyncloader.sources._files import FileClient
 from asyncloader.sources._http import HTTPClient
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, check_common
 from asyncloader.sources._objectstore import StoreClient
-from asyncloader.sources._redact import redact_url
+from asyncloader.sources._redact import redact_url, url_secrets
 from asyncloader.sources._retry import Attempts, Retry, describe
 from asyncloader.sources._shardplan import Slice, check_ranks, per_rank, plan, resolve_ranks
 from asyncloader.sources._skips import Skips
@@ -147,8 +147,6 @@ class ShardedSource:
             max_object_size=max_object_size,
             storage_options=storage_options,
         )
-        if isinstance(self._client, HTTPClient):
-            self._client.learn(self._urls)
         self._seed, self._shuffle, self._epoch = seed, bool(shuffle), 0
         self._buffer_size, self._concurrency = shuffle_buffer, shard_concurrency
         self._rank, self._world = rank, world_size
@@ -204,11 +202,11 @@ class ShardedSource:
         first = redact_url(self._urls[0])
         return f"ShardedSource(<{len(self._urls)} shards: {first}, ...>, {self._client!r})"
 
-    async def samples(self, slc: Slice) -> AsyncIterator[dict[str, Any]]:
+    async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
         """The raw samples of one slice; resumes a broken stream after its last whole member."""
         url = self._urls[slc.shard]
         target = self._client.describe(url)
-        attempts = Attempts(target, self._retry, self._client.redact)
+        attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))
         pin: dict[str, Any] = {}
         offset, seen, key, fields = 0, 0, None, {}
         end = None if slc.take is None else slc.skip + slc.take
