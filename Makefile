@@ -15,7 +15,7 @@ $(VENV)/.dev-installed: pyproject.toml constraints.txt | $(PY)
 	touch $@
 
 demo: $(VENV)/.dev-installed
-	$(PY) examples/quickstart.py
+	$(PY) examples/http_demo.py
 
 test: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks

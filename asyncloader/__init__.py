@@ -9,6 +9,7 @@ from asyncloader._pipeline import LoaderStats
 from asyncloader._worker import WorkerInfo, get_worker_info
 from asyncloader.errors import (
     AsyncLoaderError,
+    FetchError,
     LoaderTimeoutError,
     RemoteTraceback,
     WorkerCrashedError,
@@ -18,6 +19,7 @@ from asyncloader.loader import AsyncLoader
 __all__ = [
     "AsyncLoader",
     "AsyncLoaderError",
+    "FetchError",
     "LoaderStats",
     "LoaderTimeoutError",
     "RemoteTraceback",

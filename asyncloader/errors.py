@@ -28,6 +28,31 @@ class WorkerCrashedError(AsyncLoaderError):
     """
 
 
+class FetchError(AsyncLoaderError):
+    """Raised by a source in :mod:`asyncloader.sources` when one object cannot be read.
+
+    Either its retry budget was spent on transient failures (5xx, 429, connection resets,
+    timeouts, truncated bodies), or the failure is permanent (a 4xx other than 429, a missing
+    key, an object over ``max_object_size``), in which case ``attempts`` is the number made so
+    far. The message names the URL or key (credentials and query strings redacted), the
+    attempts and the last cause; the cause is chained unless its text held a secret.
+
+    Attributes:
+        target: The redacted URL, key or path.
+        attempts: Requests made for it, the failed last one included.
+        cause: ``"TypeName: message"`` of the last failure, redacted.
+    """
+
+    def __init__(self, target: str, attempts: int, cause: str) -> None:
+        super().__init__(f"{target}: gave up after {attempts} attempt(s); last cause: {cause}")
+        self.target = target
+        self.attempts = attempts
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.target, self.attempts, self.cause))
+
+
 class RemoteTraceback(Exception):
     """The formatted traceback of an exception raised in a worker process.
 

@@ -230,3 +230,30 @@ class PlainStream:
 
     def __iter__(self):
         return (sample(i) for i in range(self.n))
+
+
+def make_shard(samples: Iterable[tuple[str, dict[str, bytes]]]) -> bytes:
+    """A WebDataset-style tar: for each (key, {ext: bytes}) a member ``key.ext`` per field."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for key, fields in samples:
+            for ext, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def shard_set(n_shards: int, per_shard: int | list[int]) -> dict[str, bytes]:
+    """Shards ``shard-00000.tar``...; sample ``s{shard}-{i}`` holds its own key as ``txt``."""
+    counts = per_shard if isinstance(per_shard, list) else [per_shard] * n_shards
+    shards = {}
+    for s, count in enumerate(counts):
+        keys = [f"s{s:03d}-{i:04d}" for i in range(count)]
+        shards[f"shard-{s:05d}.tar"] = make_shard(
+            (k, {"txt": k.encode(), "bin": bytes(1000 + len(k))}) for k in keys
+        )
+    return shards

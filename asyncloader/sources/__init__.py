@@ -1,5 +1,29 @@
-"""Sources: what a dataset may be, and (later) ready-made remote and local sources."""
+"""Sources: what a dataset may be, and ready-made local, HTTP, object-store and sharded sources.
 
+Each source here is usable directly as the loader's dataset::
+
+    from asyncloader.sources import HTTPSource, ObjectStoreSource, FileSource, ShardedSource
+"""
+
+from asyncloader.sources._files import FileSource
+from asyncloader.sources._http import HTTPSource
 from asyncloader.sources._kinds import AsyncMapSource, MapSource, SourceKind, source_kind
+from asyncloader.sources._objectstore import ObjectStoreSource
+from asyncloader.sources._retry import Retry
+from asyncloader.sources._sharded import ShardedSource
+from asyncloader.sources._skips import Skipped, drop_skipped, pass_skipped
 
-__all__ = ["AsyncMapSource", "MapSource", "SourceKind", "source_kind"]
+__all__ = [
+    "AsyncMapSource",
+    "FileSource",
+    "HTTPSource",
+    "MapSource",
+    "ObjectStoreSource",
+    "Retry",
+    "ShardedSource",
+    "Skipped",
+    "SourceKind",
+    "drop_skipped",
+    "pass_skipped",
+    "source_kind",
+]

