@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,7 +22,7 @@ Batch = tuple[int, Sequence[Any], list[Any] | None]
 
 async def map_batches(
     cfg: Config, index_iter: Iterator[Any], resume: Resume
-) -> AsyncIterator[Batch]:
+) -> AsyncGenerator[Batch, None]:
     """Batches of indices from the (batch) sampler; samples are fetched later (None here)."""
     for seq in itertools.count():
         try:
@@ -43,7 +43,7 @@ async def stream_batches(
     first_seq: int,
     states: dict[int, Any] | None,
     closers: list[Callable[[], None]],
-) -> AsyncIterator[Batch]:
+) -> AsyncGenerator[Batch, None]:
     """Batches of samples pulled from an iterable source; indices are stream offsets.
 
     Args:

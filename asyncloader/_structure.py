@@ -32,16 +32,16 @@ def map_structure(data: Any, leaf: Callable[[Any], Any]) -> Any:
         if isinstance(x, str | bytes) or x is None:
             return x
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            clone = copy.copy(x)
+            record = copy.copy(x)
             for field in dataclasses.fields(x):
-                object.__setattr__(clone, field.name, walk(getattr(x, field.name)))
-            return clone
+                object.__setattr__(record, field.name, walk(getattr(x, field.name)))
+            return record
         if isinstance(x, Mapping):
             items = {k: walk(v) for k, v in x.items()}
             try:
-                clone = copy.copy(x)
-                clone.update(items)  # type: ignore[attr-defined]
-                return clone
+                mapping = copy.copy(x)
+                mapping.update(items)  # type: ignore[attr-defined]
+                return mapping
             except (TypeError, AttributeError):
                 return items
         if isinstance(x, tuple):
