@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -145,11 +146,22 @@ def _resolve_device(device: str | torch.device | None, pin_memory: bool) -> torc
     return device
 
 
-def default_mp_context() -> Any:
-    """forkserver where it exists (fork after the loader's threads start can deadlock), else spawn.
+def fork_is_safe() -> bool:
+    """Forking now is as safe as DataLoader's own fork: Linux, from the main thread, and no
+    other Python thread alive (a thread holding a lock at fork time can deadlock the child)."""
+    return (
+        sys.platform == "linux"
+        and threading.current_thread() is threading.main_thread()
+        and threading.active_count() == 1
+    )
 
-    The fork server preloads asyncloader (and so torch) and the main module once, so each worker
-    starts as a cheap fork of an already-initialised process.
+
+def default_mp_context() -> Any:
+    """The start method used when workers cannot be forked safely (see :func:`fork_is_safe`).
+
+    forkserver on Linux: the fork server preloads asyncloader (and so torch) and the main module
+    once, so each worker starts as a fork of an already-initialised, single-threaded process.
+    spawn elsewhere.
     """
     if sys.platform == "linux":
         ctx = multiprocessing.get_context("forkserver")

@@ -66,6 +66,16 @@ class LoaderStats:
     batches: int
 
 
+def batch_plan(cfg: Config) -> BatchPlan:
+    """What the executor does to each batch of a loader with options ``cfg``."""
+    return BatchPlan(
+        dataset=cfg.dataset if cfg.fetch_in_workers else None,
+        transform=cfg.transform,
+        collate=cfg.collate,
+        batched=cfg.batched,
+    )
+
+
 def _unwrap(exc: BaseException) -> BaseException:
     """The first leaf of a TaskGroup's exception group: the error that started the failure."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -263,12 +273,7 @@ class Epoch:
         cfg = self._cfg
         loop = asyncio.get_running_loop()
         epoch_seed = self._seed if cfg.seed_per_sample else None
-        plan = BatchPlan(
-            dataset=cfg.dataset if cfg.fetch_in_workers else None,
-            transform=cfg.transform,
-            collate=cfg.collate,
-            batched=cfg.batched,
-        )
+        plan = batch_plan(cfg)
         if cfg.kind is SourceKind.ASYNC_MAP:
             self._fetcher = Fetcher(cfg.dataset.__getitem__, cfg.io_concurrency)
         elif cfg.kind is SourceKind.MAP and not cfg.fetch_in_workers:

@@ -34,10 +34,12 @@ class ProcessPool:
         config: The loader's options (num_workers, mp_context, worker_init_fn).
         plan: Sent to each worker once, at start.
         base_seed: Worker ``i`` seeds its RNGs with ``base_seed + i``.
+        ctx: The multiprocessing context; default ``config.mp_context`` or
+            :func:`default_mp_context`.
     """
 
-    def __init__(self, config: Config, plan: BatchPlan, base_seed: int) -> None:
-        ctx = config.mp_context or default_mp_context()
+    def __init__(self, config: Config, plan: BatchPlan, base_seed: int, ctx: Any = None) -> None:
+        ctx = ctx or config.mp_context or default_mp_context()
         self.num_workers = config.num_workers
         self._counter = ctx.Value("i", 0)
         # [pid, seq of the batch it runs or -1] per worker id, written by the workers.

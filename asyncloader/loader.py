@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import threading
 import warnings
 import weakref
@@ -14,8 +15,8 @@ import torch
 
 from asyncloader._async import AsyncIterator
 from asyncloader._batches import start_sampler
-from asyncloader._config import build_config
-from asyncloader._pipeline import Epoch, LoaderStats
+from asyncloader._config import build_config, fork_is_safe
+from asyncloader._pipeline import Epoch, LoaderStats, PoolProvider, batch_plan
 from asyncloader._pool import ProcessPool
 from asyncloader._state import (
     STATE_VERSION,
@@ -29,6 +30,12 @@ from asyncloader._state import (
 from asyncloader._sync import SyncIterator
 from asyncloader._threads import run_in_thread
 from asyncloader._worker import BatchPlan
+
+_FORK = (
+    multiprocessing.get_context("fork")
+    if "fork" in multiprocessing.get_all_start_methods()
+    else None
+)
 
 
 def _draw_seed(generator: torch.Generator | None) -> int:
@@ -90,8 +97,11 @@ class AsyncLoader:
         timeout: Seconds to wait for one batch; 0 waits for ever. Raises LoaderTimeoutError.
         worker_init_fn: Called as ``fn(worker_id)`` in each worker after seeding.
         persistent_workers: Keep the worker processes across epochs.
-        mp_context: Start method name or multiprocessing context for the workers; default
-            ``forkserver`` on Linux (safe with the loader's threads), ``spawn`` elsewhere.
+        mp_context: Start method name or multiprocessing context for the workers. Default:
+            on Linux ``fork`` when the epoch starts in the main thread of a process with no
+            other thread (DataLoader's situation; the workers are forked before the loader
+            starts any thread), else ``forkserver`` (fork after threads can deadlock);
+            ``spawn`` elsewhere.
         generator: ``torch.Generator`` for shuffling and the workers' base seed.
         seed_per_sample: Seed the global ``torch``, ``random`` and ``numpy`` RNGs from
             ``(epoch seed, sample index)`` before each sample's ``__getitem__`` and
@@ -205,9 +215,12 @@ class AsyncLoader:
                 self._persistent_seed = seed
             base_seed = self._persistent_seed
         self._epoch = resume["epoch"] if resume else self._epoch + 1
+        acquire: PoolProvider = lambda plan: self._acquire_pool(plan, base_seed)  # noqa: E731
+        if cfg.num_workers and cfg.mp_context is None and fork_is_safe():
+            acquire = self._forked_now(base_seed)
         self._last = Epoch(
             cfg,
-            lambda plan: self._acquire_pool(plan, base_seed),
+            acquire,
             seed,
             rng=rng,
             index_iter=index_iter,
@@ -252,18 +265,44 @@ class AsyncLoader:
         check_state(state, self._cfg)
         self._resume = state
 
-    async def _acquire_pool(self, plan: BatchPlan, base_seed: int) -> tuple[ProcessPool, bool]:
+    def _forked_now(self, base_seed: int) -> PoolProvider:
+        """Forks the workers now, before the epoch starts any thread: as quick as DataLoader's
+        start, without fork's danger (no other thread can be holding a lock). A failure to
+        start is raised from the epoch's first step, as with the other start methods."""
+        pool, owned = self._pool_for(batch_plan(self._cfg), base_seed, _FORK)
+        try:
+            pool.start()
+            failure = None
+        except Exception as exc:
+            failure = exc
+            if owned:
+                pool.shutdown()
+
+        async def acquire(plan: BatchPlan) -> tuple[ProcessPool, bool]:
+            if failure is not None:
+                raise failure
+            return pool, owned
+
+        return acquire
+
+    def _pool_for(
+        self, plan: BatchPlan, base_seed: int, ctx: Any = None
+    ) -> tuple[ProcessPool, bool]:
+        """A new pool owned by the epoch, or the persistent one (replaced when broken)."""
         cfg, res = self._cfg, self._resources
         if not cfg.persistent_workers:
-            pool, owned = ProcessPool(cfg, plan, base_seed), True
-        else:
-            with res.lock:
-                stale = res.pool if res.pool is not None and res.pool.broken else None
-                if res.pool is None or stale is not None:
-                    res.pool = ProcessPool(cfg, plan, base_seed)
-                pool, owned = res.pool, False
-            if stale is not None:
-                await run_in_thread(stale.shutdown, "asyncloader-reaper")
+            return ProcessPool(cfg, plan, base_seed, ctx), True
+        with res.lock:
+            stale = res.pool if res.pool is not None and res.pool.broken else None
+            if res.pool is None or stale is not None:
+                res.pool = ProcessPool(cfg, plan, base_seed, ctx)
+            pool = res.pool
+        if stale is not None:
+            stale.shutdown()  # already dead workers: quick
+        return pool, False
+
+    async def _acquire_pool(self, plan: BatchPlan, base_seed: int) -> tuple[ProcessPool, bool]:
+        pool, owned = self._pool_for(plan, base_seed)
         try:
             await run_in_thread(pool.start, "asyncloader-start")
         except BaseException:

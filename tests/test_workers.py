@@ -3,6 +3,7 @@
 import gc
 import os
 import signal
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,12 +116,31 @@ class CountedPickles(SyncSource):
         return self.__dict__
 
 
-def test_dataset_is_shipped_once_per_worker_not_per_task():
-    """50 batches, 2 workers: the dataset is pickled twice, at pool start."""
+@pytest.mark.parametrize(("mp_context", "pickles"), [("forkserver", 2), ("spawn", 2), (None, 0)])
+def test_dataset_is_shipped_once_per_worker_not_per_task(mp_context, pickles):
+    """50 batches, 2 workers: the dataset is pickled once per worker at start (not at all when
+    the workers are forked from a single-threaded process), never per task."""
     CountedPickles.pickled = 0
-    loader = AsyncLoader(CountedPickles(100), batch_size=2, num_workers=2)
+    loader = AsyncLoader(CountedPickles(100), batch_size=2, num_workers=2, mp_context=mp_context)
     assert indices_of(loader) == list(range(100))
-    assert CountedPickles.pickled == 2
+    assert CountedPickles.pickled == pickles
+
+
+def test_with_another_thread_alive_workers_come_from_the_fork_server():
+    """fork is used only from a single-threaded process: another live thread means forkserver
+    (seen as the dataset being pickled to each worker)."""
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="someone-elses-thread")
+    other.start()
+    try:
+        CountedPickles.pickled = 0
+        assert indices_of(AsyncLoader(CountedPickles(20), batch_size=2, num_workers=2)) == list(
+            range(20)
+        )
+        assert CountedPickles.pickled == 2
+    finally:
+        stop.set()
+        other.join()
 
 
 def test_default_start_method_is_forkserver_and_mp_context_is_honoured():
@@ -247,10 +267,14 @@ def with_pid(samples):
 
 
 @pytest.mark.timeout(30)
-def test_a_worker_killed_from_outside_mid_epoch_is_reported():
+@pytest.mark.parametrize("mp_context", [None, "forkserver"])
+def test_a_worker_killed_from_outside_mid_epoch_is_reported(mp_context):
     """SIGKILL sent to a worker by someone else fails the epoch instead of hanging it."""
     before = worker_processes()
-    it = iter(AsyncLoader(AsyncSource(4000), batch_size=4, num_workers=2, collate_fn=with_pid))
+    loader = AsyncLoader(
+        AsyncSource(4000), batch_size=4, num_workers=2, collate_fn=with_pid, mp_context=mp_context
+    )
+    it = iter(loader)
     victim = next(it)["pid"]
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(WorkerCrashedError, match=f"pid {victim} killed by signal SIGKILL"):
