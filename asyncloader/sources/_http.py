@@ -127,16 +127,23 @@ class HTTPClient:
         ):
             drop = self._check(resp, first, start is not None)
             declared = resp.content_length
+            body: bytes | bytearray
             if declared is not None:
+                # Size known and checked: one read into one buffer (the common, fast path).
                 check_size(declared - drop, self.max_object_size, self.describe(target))
-            body = bytearray()
-            async for chunk in resp.content.iter_chunked(_CHUNK):
-                body += chunk
-                if self.max_object_size is not None and len(body) - drop > self.max_object_size:
-                    check_size(len(body) - drop, self.max_object_size, self.describe(target))
+                body = await resp.read()
+            else:
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(_CHUNK):
+                    body += chunk
+                    if self.max_object_size is not None and len(body) - drop > self.max_object_size:
+                        check_size(len(body) - drop, self.max_object_size, self.describe(target))
             if declared is not None and len(body) != declared and _identity(resp):
                 raise Transient(f"truncated body: {len(body)} of {declared} bytes")
-        data = bytes(body[drop:] if length is None else body[drop : drop + length])
+        if drop == 0 and length is None:
+            data = bytes(body)  # no copy when aiohttp already returned bytes
+        else:
+            data = bytes(memoryview(body)[drop : None if length is None else drop + length])
         if length is not None and len(data) != length:
             raise Permanent(f"range {first}+{length} goes past the end ({first + len(data)})")
         return data
