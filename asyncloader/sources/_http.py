@@ -130,14 +130,16 @@ class HTTPClient:
             body: bytes | bytearray
             if declared is not None:
                 # Size known and checked: one read into one buffer (the common, fast path).
-                check_size(declared - drop, self.max_object_size, self.describe(target))
+                check_size(declared - drop, self.max_object_size, lambda: self.describe(target))
                 body = await resp.read()
             else:
                 body = bytearray()
                 async for chunk in resp.content.iter_chunked(_CHUNK):
                     body += chunk
                     if self.max_object_size is not None and len(body) - drop > self.max_object_size:
-                        check_size(len(body) - drop, self.max_object_size, self.describe(target))
+                        check_size(
+                            len(body) - drop, self.max_object_size, lambda: self.describe(target)
+                        )
             if declared is not None and len(body) != declared and _identity(resp):
                 raise Transient(f"truncated body: {len(body)} of {declared} bytes")
         if drop == 0 and length is None:

@@ -121,8 +121,12 @@ class RemoteMap:
             Exception: Whatever ``decode`` raised, as itself.
         """
         target, start, length = self._items[index]
-        redact = self._client.redact.extended(url_secrets(target))
-        attempts = Attempts(self._client.describe(target), self._retry, redact)
+        client = self._client
+        attempts = Attempts(
+            lambda: client.describe(target),
+            self._retry,
+            lambda: client.redact.extended(url_secrets(target)),
+        )
         try:
             data = await retrying(lambda: self._client.read(target, start, length), attempts)
         except FetchError as exc:
@@ -134,7 +138,7 @@ class RemoteMap:
         try:
             return self._decode(data)
         except Exception as exc:
-            reason = describe(exc, redact)
+            reason = describe(exc, attempts.redact)
             if self._skips.absorb(exc, attempts.target, f"decode failed: {reason}"):
                 return Skipped(index, attempts.target, reason)
             raise

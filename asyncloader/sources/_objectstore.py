@@ -157,7 +157,7 @@ class StoreClient:
         path = fs._strip_protocol(target)
         if start is not None:
             assert length is not None
-            check_size(length, self.max_object_size, self.describe(target))
+            check_size(length, self.max_object_size, lambda: self.describe(target))
             data = await fs._cat_file(path, start=start, end=start + length)
             if len(data) != length:
                 raise Permanent(f"range {start}+{length} goes past the end ({start + len(data)})")
@@ -170,7 +170,7 @@ class StoreClient:
             if status_of(exc) != 416:
                 raise
             data = await fs._cat_file(path)
-        check_size(len(data), self.max_object_size, self.describe(target))
+        check_size(len(data), self.max_object_size, lambda: self.describe(target))
         return data
 
     async def stream(

@@ -13,6 +13,7 @@ streak (so a long shard survives occasional resets), and the error counts every 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator
@@ -169,17 +170,33 @@ class Attempts:
     """Counts requests for one object and decides, after each failure, to wait or give up.
 
     Args:
-        target: The redacted URL, key or path, for messages.
+        target: The redacted URL, key or path, for messages (or a callable making it).
         policy: The retry policy.
-        redact: Scrubs secrets from causes.
+        redact: Scrubs secrets from causes (or a callable making it).
     """
 
-    def __init__(self, target: str, policy: Retry, redact: Redactor) -> None:
-        self.target = target
+    def __init__(
+        self,
+        target: str | Callable[[], str],
+        policy: Retry,
+        redact: Redactor | Callable[[], Redactor],
+    ) -> None:
+        self._target = target
+        self._redact = redact
         self.policy = policy
-        self.redact = redact
         self.total = 0
         self.streak = 0
+
+    # Naming the target and building its redactor cost more than a successful read's own
+    # bookkeeping, and only failures need them: they may be given as callables, resolved once.
+    @functools.cached_property
+    def target(self) -> str:
+        return self._target() if callable(self._target) else self._target
+
+    @functools.cached_property
+    def redact(self) -> Redactor:
+        # A Redactor is itself callable (it scrubs text): tell it from a factory by type.
+        return self._redact if isinstance(self._redact, Redactor) else self._redact()
 
     def progressed(self) -> None:
         """Data arrived since the last failure: the next failure starts a new streak."""
@@ -213,7 +230,11 @@ async def retrying(op: Callable[[], Awaitable[T]], attempts: Attempts) -> T:
             await attempts.failed(exc)
 
 
-def check_size(size: Any, limit: int | None, target: str) -> None:
-    """Raises Permanent when ``size`` is over ``limit`` (the configured maximum object size)."""
+def check_size(size: Any, limit: int | None, target: str | Callable[[], str]) -> None:
+    """Raises Permanent when ``size`` is over ``limit`` (the configured maximum object size).
+
+    ``target`` may be a callable, so that naming it costs nothing when the size is fine.
+    """
     if limit is not None and size is not None and int(size) > limit:
-        raise Permanent(f"{target} is {int(size)} bytes, over max_object_size={limit}")
+        name = target() if callable(target) else target
+        raise Permanent(f"{name} is {int(size)} bytes, over max_object_size={limit}")
