@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asyncloader._config import Config
 from asyncloader._state import Resume
+from asyncloader._threads import loader_threads
 from asyncloader.sources import SourceKind
 
 Batch = tuple[int, Sequence[Any], list[Any] | None]
@@ -86,7 +86,7 @@ def _sync_puller(
 ) -> Callable[[], Awaitable[tuple[list[Any], Any]]]:
     """Pulls ``size`` items at a time from a sync iterable, off the loop's thread."""
     loop = asyncio.get_running_loop()
-    thread = ThreadPoolExecutor(1, "asyncloader-source")
+    thread = loader_threads(1, "asyncloader-source")
     closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
     holder: list[Iterator[Any]] = []
 

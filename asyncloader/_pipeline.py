@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +37,7 @@ from asyncloader._fetch import Fetcher
 from asyncloader._pool import ProcessPool
 from asyncloader._reorder import ReorderBuffer
 from asyncloader._state import Cursor, Resume, is_stateful
-from asyncloader._threads import run_in_thread
+from asyncloader._threads import loader_threads, run_in_thread
 from asyncloader._transform import Transformer
 from asyncloader._worker import BatchPlan, call_seeded
 from asyncloader.errors import AsyncLoaderError
@@ -277,7 +276,7 @@ class Epoch:
         if cfg.kind is SourceKind.ASYNC_MAP:
             self._fetcher = Fetcher(cfg.dataset.__getitem__, cfg.io_concurrency)
         elif cfg.kind is SourceKind.MAP and not cfg.fetch_in_workers:
-            threads = ThreadPoolExecutor(cfg.io_concurrency, "asyncloader-fetch")
+            threads = loader_threads(cfg.io_concurrency, "asyncloader-fetch")
             closers.append(lambda: threads.shutdown(wait=True, cancel_futures=True))
             getitem = cfg.dataset.__getitem__
             self._fetcher = Fetcher(
@@ -304,7 +303,7 @@ class Epoch:
         elif cfg.executor is not None:
             self._transformer = Transformer(cfg.executor, cfg.transform_window, plan, epoch_seed)
         else:
-            thread = ThreadPoolExecutor(1, "asyncloader-transform")
+            thread = loader_threads(1, "asyncloader-transform")
             closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
             self._transformer = Transformer(thread, cfg.transform_window, plan, epoch_seed)
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -32,6 +33,21 @@ def settle(done: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
         done.set_exception(exc)
     else:
         done.set_result(result)
+
+
+def single_threaded_torch() -> None:
+    """Initializer of the loader's threads: torch work there (collate's ``torch.stack``...)
+    stays on that thread instead of waking the intra-op pool, whose spinning threads compete
+    with the event loop on small machines. The setting is per thread (as DataLoader's pin
+    thread relies on): the trainer's threads keep theirs."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def loader_threads(max_workers: int, name: str) -> ThreadPoolExecutor:
+    """A thread pool for the loader's own blocking work, named ``name``."""
+    return ThreadPoolExecutor(max_workers, name, initializer=single_threaded_torch)
 
 
 async def run_in_thread(fn: Callable[[], T], name: str) -> T:

@@ -6,9 +6,11 @@ each worker once, through the pool's initializer; tasks then carry only ``(seq, 
 the raw samples fetched on the event loop. With a user executor or without workers the plan
 travels with each task instead (by reference in threads, pickled for a foreign process pool).
 
-In a worker process the finished batch is moved into shared memory before it is returned:
-tensors with torch's sharing, numpy arrays as tensors viewing shared memory (turned back into
-arrays by :func:`from_shared` in the consumer's process). Only handles cross the pipe.
+In a worker process a finished batch of 1 MiB or more is moved into shared memory before it is
+returned: tensors with torch's sharing, numpy arrays as tensors viewing shared memory (turned
+back into arrays by :func:`from_shared` in the consumer's process), so only handles cross the
+pipe. A smaller batch is pickled by value: receiving a shared-memory handle (a socket
+connection per storage for its fd, then an mmap) costs more than copying it.
 """
 
 from __future__ import annotations
@@ -162,7 +164,8 @@ class SharedArray:
 
 
 class WithArrays:
-    """Marks a batch holding SharedArrays, so the consumer side walks only those batches."""
+    """Marks a batch holding SharedArrays or TensorValues, so the consumer side walks only
+    those batches."""
 
     __slots__ = ("batch",)
 
@@ -179,13 +182,60 @@ def _share(x: Any, found: list[bool]) -> Any:
     return DESCEND
 
 
+#: Batches smaller than this travel by value: handing over a shared-memory segment (a socket
+#: connection per storage to receive its fd, then an mmap) costs more than copying them.
+BY_VALUE_BYTES = 1 << 20
+
+
+class TensorValue:
+    """A small tensor travelling by value, as a numpy array; see :func:`from_shared`."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+
+def _nbytes(batch: Any) -> int:
+    total = 0
+
+    def count(x: Any) -> Any:
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            total += x.nbytes
+            return x
+        if isinstance(x, np.ndarray):
+            total += x.nbytes
+            return x
+        return DESCEND
+
+    map_structure(batch, count)
+    return total
+
+
+def _by_value(x: Any, found: list[bool]) -> Any:
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or x.requires_grad or x.is_sparse:
+            return x.share_memory_() if x.device.type == "cpu" else x
+        try:
+            array = x.numpy()
+        except TypeError:  # no numpy dtype (bfloat16...): shared memory it is
+            return x.share_memory_()
+        found.append(True)
+        return TensorValue(array)
+    return DESCEND
+
+
 def to_shared(batch: Any) -> Any:
-    """Moves a batch's tensors and arrays into shared memory (in a worker process).
+    """Readies a batch to leave a worker: by value when small, else in shared memory.
 
     Raises:
         OSError: Shared memory is full (ENOSPC), with how to make room.
     """
     found: list[bool] = []
+    if _nbytes(batch) < BY_VALUE_BYTES:
+        packed = map_structure(batch, lambda x: _by_value(x, found))
+        return WithArrays(packed) if found else packed
     try:
         shared = map_structure(batch, lambda x: _share(x, found))
     except RuntimeError as exc:
@@ -201,7 +251,11 @@ def to_shared(batch: Any) -> Any:
 
 
 def _unshare(x: Any) -> Any:
-    return x.tensor.numpy() if isinstance(x, SharedArray) else DESCEND
+    if isinstance(x, SharedArray):
+        return x.tensor.numpy()
+    if isinstance(x, TensorValue):
+        return torch.from_numpy(x.array)
+    return DESCEND
 
 
 def from_shared(result: Any) -> Any:

@@ -57,19 +57,48 @@ def mixed_collate(samples):
     return {"ids": ids, "rec": Record(ids * 2, len(samples)), "pair": (ids[:, :1], [ids.sum()])}
 
 
-def test_numpy_and_tensors_come_back_through_shared_memory():
-    """Tensors arrive shared; numpy arrays arrive as numpy arrays, equal, in their containers."""
-    tensors = list(AsyncLoader(SyncSource(16), batch_size=4, num_workers=2))
-    assert all(t.is_shared() for t in tensors)
-    batches = list(
-        AsyncLoader(SyncSource(16), batch_size=4, num_workers=2, collate_fn=mixed_collate)
+def one_mib(x):
+    """A transform making a 1 MiB sample, so batches of it go through shared memory."""
+    return np.full(2**20, int(x[0]), dtype=np.uint8)
+
+
+def test_small_batches_travel_by_value_and_large_ones_through_shared_memory():
+    """Under 1 MiB a batch is pickled (cheaper than passing a segment); from 1 MiB it is shared."""
+    small = list(AsyncLoader(SyncSource(16), batch_size=4, num_workers=2))
+    assert [int(b[0, 0]) for b in small] == [0, 4, 8, 12]
+    assert not any(b.is_shared() for b in small)
+    large = list(AsyncLoader(SyncSource(6), batch_size=2, num_workers=2, transform=one_mib))
+    assert [int(b[0, 0]) for b in large] == [0, 2, 4]
+    assert all(b.is_shared() and b.shape == (2, 2**20) for b in large)
+
+
+@pytest.mark.parametrize("transform", [None, one_mib], ids=["by-value", "shared"])
+def test_numpy_arrays_in_any_container_come_back_as_numpy(transform):
+    """Arrays nested in dicts, dataclasses, tuples and lists arrive as equal numpy arrays."""
+    loader = AsyncLoader(
+        SyncSource(16), batch_size=4, num_workers=2, collate_fn=mixed_collate, transform=transform
     )
+    batches = list(loader)
     assert [int(b["ids"][0, 0]) for b in batches] == [0, 4, 8, 12]
     b = batches[1]
-    assert isinstance(b["ids"], np.ndarray) and b["ids"].dtype == np.int64
+    assert isinstance(b["ids"], np.ndarray) and b["ids"].dtype == (
+        np.int64 if transform is None else np.uint8
+    )
     assert isinstance(b["rec"], Record) and b["rec"].label == 4
     assert np.array_equal(b["rec"].image, b["ids"] * 2)
     assert isinstance(b["pair"], tuple) and b["pair"][1][0] == b["ids"].sum()
+
+
+def test_tensors_numpy_cannot_hold_still_arrive():
+    """A small bfloat16 batch (no numpy dtype) takes the shared-memory path and arrives equal."""
+    loader = AsyncLoader(SyncSource(8), batch_size=4, num_workers=2, collate_fn=to_bfloat16)
+    batches = list(loader)
+    assert [b.dtype for b in batches] == [torch.bfloat16] * 2
+    assert batches[1][:, 0].tolist() == [4.0, 5.0, 6.0, 7.0]
+
+
+def to_bfloat16(samples):
+    return torch.tensor(np.stack(samples), dtype=torch.bfloat16)
 
 
 def big(x):
@@ -103,7 +132,7 @@ def test_full_shared_memory_says_so_and_how_to_fix_it():
             )
 
     with pytest.raises(OSError, match=r"/dev/shm\) is too small .* --shm-size"):
-        to_shared({"x": torch.zeros(3).as_subclass(Full)})
+        to_shared({"x": torch.zeros(2**18).as_subclass(Full)})  # 1 MiB: the shared path
 
 
 class CountedPickles(SyncSource):
