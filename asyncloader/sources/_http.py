@@ -172,15 +172,6 @@ class HTTPClient:
     async def aclose(self) -> None:
         await self._sessions.aclose()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(vars(self))
-        del state["_sessions"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        vars(self).update(state)
-        self._sessions = PerLoop(self._open, self._shut)
-
     def __repr__(self) -> str:
         headers = f", headers=<{len(self.headers)}>" if self.headers else ""
         return f"HTTPClient(timeout={self.timeout}{headers})"

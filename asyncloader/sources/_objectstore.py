@@ -199,15 +199,6 @@ class StoreClient:
     async def aclose(self) -> None:
         await self._fss.aclose()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(vars(self))
-        del state["_fss"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        vars(self).update(state)
-        self._fss = PerLoop(self._open, self._shut)
-
     def __repr__(self) -> str:
         return f"StoreClient({self.protocol}://, storage_options=<{sorted(self.options)}>)"
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -70,6 +70,15 @@ class PerLoop(Generic[T]):
             with self._lock:
                 self._clients.pop(loop, None)
             await self._close(client)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles without clients or lock: a copy in another process makes its own."""
+        return {"make": self._make, "close": self._close}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._make, self._close = state["make"], state["close"]
+        self._lock = threading.Lock()
+        self._clients = {}
 
     async def aclose(self) -> None:
         """Closes the running loop's client, if it has one. Idempotent."""
