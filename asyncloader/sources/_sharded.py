@@ -16,7 +16,6 @@ member is lost or read twice; see :mod:`._retry` for the budget.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ from asyncloader.sources._redact import redact_url, url_secrets
 from asyncloader.sources._retry import Attempts, Retry, describe
 from asyncloader.sources._shardplan import Slice, check_ranks, per_rank, plan, resolve_ranks
 from asyncloader.sources._skips import Skips
-from asyncloader.sources._stream import ShardStream
+from asyncloader.sources._stream import SKIPPED, Position, ShardStream
 from asyncloader.sources._tar import members
 
 
@@ -152,10 +151,53 @@ class ShardedSource:
         self._rank, self._world = rank, world_size
         self._decode, self._retry = decode, retry
         self._max_member = max_object_size
+        self._position: Position | None = None  # of the current (or a loaded) iteration
+        self._loaded = False  # the next iteration starts at the loaded position
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch that seeds the next iteration's shard order and sample shuffle."""
+        """Sets the epoch that seeds the next iteration's shard order and sample shuffle; the
+        next iteration starts at the epoch's beginning (a loaded state is dropped)."""
         self._epoch = int(epoch)
+        self._position, self._loaded = None, False
+
+    def state_dict(self) -> dict[str, int]:
+        """Where this rank is in the epoch: ``{"epoch", "yielded", "rank", "world_size"}``.
+
+        ``yielded`` counts the samples handed out by the current (or next) iteration,
+        skipped ones included. Valid between any two samples; JSON-friendly.
+        """
+        pos = self._position
+        if pos is None:
+            rank, world = resolve_ranks(self._rank, self._world)
+            pos = Position(self._epoch, rank, world)
+        return {
+            "epoch": pos.epoch,
+            "yielded": pos.yielded,
+            "rank": pos.rank,
+            "world_size": pos.world_size,
+        }
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Makes the next iteration continue ``state``'s epoch at its sample ``yielded``.
+
+        The order that follows is the one the uninterrupted epoch had. With
+        ``samples_per_shard`` only what is still needed is read again (see :mod:`._stream`);
+        without it, the epoch is read from its start and the first samples dropped.
+
+        Raises:
+            ValueError: ``state`` is for another rank or world size, or past the epoch's end.
+        """
+        rank, world = resolve_ranks(self._rank, self._world)
+        if (state["rank"], state["world_size"]) != (rank, world):
+            raise ValueError(
+                f"state was saved by rank {state['rank']} of {state['world_size']}, this source "
+                f"is rank {rank} of {world}"
+            )
+        yielded = int(state["yielded"])
+        if yielded < 0 or (self._counts is not None and yielded > per_rank(self._counts, world)):
+            raise ValueError(f"state yielded={yielded} is outside this rank's epoch")
+        self._epoch = int(state["epoch"])
+        self._position, self._loaded = Position(self._epoch, rank, world, yielded), True
 
     def slices(self) -> list[Slice]:
         """The shard slices this rank reads in the current epoch, in reading order."""
@@ -177,11 +219,14 @@ class ShardedSource:
         return per_rank(self._counts, resolve_ranks(self._rank, self._world)[1])
 
     def __aiter__(self) -> AsyncIterator[Any]:
-        rank = resolve_ranks(self._rank, self._world)[0]
+        rank, world = resolve_ranks(self._rank, self._world)
+        start = self._position.yielded if self._position is not None and self._loaded else 0
+        self._loaded = False
+        self._position = Position(self._epoch, rank, world, start)
         seed = f"{self._seed}:{self._epoch}:{rank}:samples"
         rng = random.Random(seed) if self._shuffle else None
         return ShardStream(
-            self.slices(), self.read_slice, rng, self._buffer_size, self._concurrency
+            self.slices(), self.items, rng, self._buffer_size, self._concurrency, self._position
         )
 
     @property
@@ -244,15 +289,20 @@ class ShardedSource:
             finally:
                 await chunks.aclose()
 
-    async def read_slice(self, slc: Slice, out: asyncio.Queue[Any]) -> None:
-        """Puts the decoded samples of one slice on ``out``, skipping as ``on_error`` says."""
-        sent = 0
+    async def items(
+        self, slc: Slice, want: Callable[[int], bool]
+    ) -> AsyncGenerator[tuple[int, Any], None]:
+        """``(i, sample)`` for the samples ``i`` of a slice with ``want(i)``, decoded; the others
+        are read past undecoded. A skipped sample (``on_error="skip"``) comes as ``SKIPPED``."""
+        i, failed = 0, False
         try:
             async with contextlib.aclosing(self.samples(slc)) as samples:
                 async for sample in samples:
-                    sent += 1
+                    i += 1
+                    if not want(i - 1):
+                        continue
                     if self._decode is None:
-                        await out.put(sample)
+                        yield i - 1, sample
                         continue
                     try:
                         item = self._decode(sample)
@@ -262,12 +312,17 @@ class ShardedSource:
                             exc, f"{sample['__url__']}#{sample['__key__']}", reason
                         ):
                             raise
-                        continue
-                    await out.put(item)
+                        item = SKIPPED
+                    yield i - 1, item
         except FetchError as exc:
-            left = (slc.take - sent) if slc.take is not None else 0
+            left = (slc.take - i) if slc.take is not None else 0
             if not self._skips.absorb(exc, exc.target, exc.cause, samples=max(left, 1)):
                 raise
+            failed = True
+        if failed and slc.take is not None:  # the positions stay: the order is unchanged
+            for j in range(i, slc.take):
+                if want(j):
+                    yield j, SKIPPED
 
 
 def _counts(samples_per_shard: int | Sequence[int] | None, n: int) -> list[int] | None:
