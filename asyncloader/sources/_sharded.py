@@ -28,17 +28,17 @@ from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, check_comm
 from asyncloader.sources._objectstore import StoreClient
 from asyncloader.sources._redact import redact_url, url_secrets
 from asyncloader.sources._retry import Attempts, Retry, describe
-from asyncloader.sources._shardplan import Slice, check_ranks, per_rank, plan, resolve_ranks
+from asyncloader.sources._shardplan import (
+    Slice,
+    check_ranks,
+    parse_counts,
+    per_rank,
+    plan,
+    resolve_ranks,
+)
 from asyncloader.sources._skips import Skips
 from asyncloader.sources._stream import SKIPPED, Position, ShardStream
-from asyncloader.sources._tar import members
-
-
-def split_key(name: str) -> tuple[str, str]:
-    """WebDataset's grouping: ``dir/abc.seg.png`` is key ``dir/abc``, field ``seg.png``."""
-    slash = name.rfind("/") + 1
-    base, dot, ext = name[slash:].partition(".")
-    return name[:slash] + base, ext if dot else ""
+from asyncloader.sources._tar import members, split_key
 
 
 def make_client(url: str, **opts: Any) -> Client:
@@ -130,7 +130,7 @@ class ShardedSource:
                 raise TypeError(f"{name} must be an int, got {type(value).__qualname__}")
             if value < 1:
                 raise ValueError(f"{name}={value} must be >= 1")
-        self._counts = _counts(samples_per_shard, len(self._urls))
+        self._counts = parse_counts(samples_per_shard, len(self._urls))
         if (rank is None) != (world_size is None):
             raise ValueError(f"rank and world_size go together, got {rank=} and {world_size=}")
         if rank is not None and world_size is not None:
@@ -323,19 +323,3 @@ class ShardedSource:
             for j in range(i, slc.take):
                 if want(j):
                     yield j, SKIPPED
-
-
-def _counts(samples_per_shard: int | Sequence[int] | None, n: int) -> list[int] | None:
-    if samples_per_shard is None:
-        return None
-    if isinstance(samples_per_shard, bool):
-        raise TypeError("samples_per_shard must be an int or a sequence of ints, got bool")
-    if isinstance(samples_per_shard, int):
-        counts = [samples_per_shard] * n
-    else:
-        counts = [int(c) for c in samples_per_shard]
-    if len(counts) != n:
-        raise ValueError(f"samples_per_shard has {len(counts)} counts for {n} shards")
-    if any(c < 1 for c in counts):
-        raise ValueError("samples_per_shard must count at least 1 sample per shard")
-    return counts

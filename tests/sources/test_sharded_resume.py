@@ -10,6 +10,7 @@ import torch
 
 from asyncloader import AsyncLoader
 from asyncloader.sources import Retry, ShardedSource
+from asyncloader.sources._stream import DEPTH, ShardStream
 from tests.helpers import shard_set
 from tests.servers import Faults
 from tests.test_state import check_resume
@@ -224,3 +225,35 @@ def test_a_state_from_another_rank_or_past_the_end_is_refused(tmp_path):
         make(paths, rank=1, world_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="yielded=99 is outside this rank's epoch"):
         make(paths).load_state_dict({**state, "yielded": 99, "world_size": 1})
+
+
+def test_reads_at_once_and_queued_samples_stay_bounded(tmp_path):
+    """Under random latency: at most shard_concurrency streams open, each queue <= DEPTH."""
+    paths = write_shards(tmp_path, SIZES)
+    source = make(paths)
+    instrument(source, seed=4)
+    inner = source._client.stream
+    active, peak, queued = [0], [0], [0]
+
+    async def stream(target, start, pin):
+        active[0] += 1
+        peak[0] = max(peak[0], active[0])
+        try:
+            async for chunk in inner(target, start, pin):
+                yield chunk
+        finally:
+            active[0] -= 1
+
+    source._client.stream = stream
+
+    async def run():
+        it = aiter(source)
+        assert isinstance(it, ShardStream)
+        out = []
+        async for sample in it:
+            queued[0] = max([queued[0], *(q.qsize() for q in it._queues.values())])
+            out.append(sample)
+        return out
+
+    assert len(asyncio.run(run())) == sum(SIZES)
+    assert 1 < peak[0] <= 3 and queued[0] <= DEPTH
