@@ -4,14 +4,15 @@
 
     plan (this rank's slices, seed + epoch) ─► shard readers (≤ shard_concurrency at once)
         each: ranged stream ─► tar members ─► samples (grouped by key) ─► decode
-                                        │ bounded queue (shard_concurrency samples)
-                                        ▼
+                                        │ a queue per slice (≤ DEPTH samples), taken
+                                        ▼ round robin in plan order (._interleave)
                          shuffle buffer (≤ shuffle_buffer samples) ─► loader
 
-Memory bound: at most ``shuffle_buffer + 2 * shard_concurrency`` samples are held (buffer,
-queue, one sample being assembled per reader), plus one chunk per reader. A reader whose
-stream breaks resumes at the tar header after the last whole member (a Range read), so no
-member is lost or read twice; see :mod:`._retry` for the budget.
+The order depends only on (seed, epoch, rank), so :meth:`ShardedSource.load_state_dict`
+can resume an epoch exactly. Memory bound: at most ``shuffle_buffer + (2 * DEPTH + 2) *
+shard_concurrency`` samples are held (see :mod:`._stream`), plus one chunk per reader.
+A reader whose stream breaks resumes at the tar header after the last whole member (a Range
+read), so no member is lost or read twice; see :mod:`._retry` for the budget.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ class ShardedSource:
         seed: Seeds the shard order and the shuffle buffer; the same on every rank.
         shuffle: Shuffle the shard order each epoch (and samples, with ``shuffle_buffer``).
         shuffle_buffer: Samples held to shuffle among (1: no sample shuffling).
-        shard_concurrency: Shards read at once; their samples interleave as they arrive, so
-            the order within an epoch varies with timing (the set of samples does not).
+        shard_concurrency: Shards read at once; their samples are taken in turn, in plan
+            order, so the order depends on seed, epoch and rank only, never on timing.
         rank, world_size: This process's place among the ranks; default torch.distributed's
             when initialised, else a single rank.
         decode: ``fn(sample dict) -> sample``, run on the event loop.
