@@ -4,19 +4,19 @@
 
     plan (this rank's slices, seed + epoch) ─► shard readers (≤ shard_concurrency at once)
         each: ranged stream ─► tar members ─► samples (grouped by key) ─► decode
-                                        │ bounded queue (shard_concurrency samples)
-                                        ▼
+                                        │ a queue per slice (≤ DEPTH samples), taken
+                                        ▼ round robin in plan order (._interleave)
                          shuffle buffer (≤ shuffle_buffer samples) ─► loader
 
-Memory bound: at most ``shuffle_buffer + 2 * shard_concurrency`` samples are held (buffer,
-queue, one sample being assembled per reader), plus one chunk per reader. A reader whose
-stream breaks resumes at the tar header after the last whole member (a Range read), so no
-member is lost or read twice; see :mod:`._retry` for the budget.
+The order depends only on (seed, epoch, rank), so :meth:`ShardedSource.load_state_dict`
+can resume an epoch exactly. Memory bound: at most ``shuffle_buffer + (2 * DEPTH + 2) *
+shard_concurrency`` samples are held (see :mod:`._stream`), plus one chunk per reader.
+A reader whose stream breaks resumes at the tar header after the last whole member (a Range
+read), so no member is lost or read twice; see :mod:`._retry` for the budget.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -29,17 +29,17 @@ from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, check_comm
 from asyncloader.sources._objectstore import StoreClient
 from asyncloader.sources._redact import redact_url, url_secrets
 from asyncloader.sources._retry import Attempts, Retry, describe
-from asyncloader.sources._shardplan import Slice, check_ranks, per_rank, plan, resolve_ranks
+from asyncloader.sources._shardplan import (
+    Slice,
+    check_ranks,
+    parse_counts,
+    per_rank,
+    plan,
+    resolve_ranks,
+)
 from asyncloader.sources._skips import Skips
-from asyncloader.sources._stream import ShardStream
-from asyncloader.sources._tar import members
-
-
-def split_key(name: str) -> tuple[str, str]:
-    """WebDataset's grouping: ``dir/abc.seg.png`` is key ``dir/abc``, field ``seg.png``."""
-    slash = name.rfind("/") + 1
-    base, dot, ext = name[slash:].partition(".")
-    return name[:slash] + base, ext if dot else ""
+from asyncloader.sources._stream import SKIPPED, Position, ShardStream
+from asyncloader.sources._tar import members, split_key
 
 
 def make_client(url: str, **opts: Any) -> Client:
@@ -74,8 +74,8 @@ class ShardedSource:
         seed: Seeds the shard order and the shuffle buffer; the same on every rank.
         shuffle: Shuffle the shard order each epoch (and samples, with ``shuffle_buffer``).
         shuffle_buffer: Samples held to shuffle among (1: no sample shuffling).
-        shard_concurrency: Shards read at once; their samples interleave as they arrive, so
-            the order within an epoch varies with timing (the set of samples does not).
+        shard_concurrency: Shards read at once; their samples are taken in turn, in plan
+            order, so the order depends on seed, epoch and rank only, never on timing.
         rank, world_size: This process's place among the ranks; default torch.distributed's
             when initialised, else a single rank.
         decode: ``fn(sample dict) -> sample``, run on the event loop.
@@ -131,7 +131,7 @@ class ShardedSource:
                 raise TypeError(f"{name} must be an int, got {type(value).__qualname__}")
             if value < 1:
                 raise ValueError(f"{name}={value} must be >= 1")
-        self._counts = _counts(samples_per_shard, len(self._urls))
+        self._counts = parse_counts(samples_per_shard, len(self._urls))
         if (rank is None) != (world_size is None):
             raise ValueError(f"rank and world_size go together, got {rank=} and {world_size=}")
         if rank is not None and world_size is not None:
@@ -152,10 +152,53 @@ class ShardedSource:
         self._rank, self._world = rank, world_size
         self._decode, self._retry = decode, retry
         self._max_member = max_object_size
+        self._position: Position | None = None  # of the current (or a loaded) iteration
+        self._loaded = False  # the next iteration starts at the loaded position
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch that seeds the next iteration's shard order and sample shuffle."""
+        """Sets the epoch that seeds the next iteration's shard order and sample shuffle; the
+        next iteration starts at the epoch's beginning (a loaded state is dropped)."""
         self._epoch = int(epoch)
+        self._position, self._loaded = None, False
+
+    def state_dict(self) -> dict[str, int]:
+        """Where this rank is in the epoch: ``{"epoch", "yielded", "rank", "world_size"}``.
+
+        ``yielded`` counts the samples handed out by the current (or next) iteration,
+        skipped ones included. Valid between any two samples; JSON-friendly.
+        """
+        pos = self._position
+        if pos is None:
+            rank, world = resolve_ranks(self._rank, self._world)
+            pos = Position(self._epoch, rank, world)
+        return {
+            "epoch": pos.epoch,
+            "yielded": pos.yielded,
+            "rank": pos.rank,
+            "world_size": pos.world_size,
+        }
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Makes the next iteration continue ``state``'s epoch at its sample ``yielded``.
+
+        The order that follows is the one the uninterrupted epoch had. With
+        ``samples_per_shard`` only what is still needed is read again (see :mod:`._stream`);
+        without it, the epoch is read from its start and the first samples dropped.
+
+        Raises:
+            ValueError: ``state`` is for another rank or world size, or past the epoch's end.
+        """
+        rank, world = resolve_ranks(self._rank, self._world)
+        if (state["rank"], state["world_size"]) != (rank, world):
+            raise ValueError(
+                f"state was saved by rank {state['rank']} of {state['world_size']}, this source "
+                f"is rank {rank} of {world}"
+            )
+        yielded = int(state["yielded"])
+        if yielded < 0 or (self._counts is not None and yielded > per_rank(self._counts, world)):
+            raise ValueError(f"state yielded={yielded} is outside this rank's epoch")
+        self._epoch = int(state["epoch"])
+        self._position, self._loaded = Position(self._epoch, rank, world, yielded), True
 
     def slices(self) -> list[Slice]:
         """The shard slices this rank reads in the current epoch, in reading order."""
@@ -177,11 +220,14 @@ class ShardedSource:
         return per_rank(self._counts, resolve_ranks(self._rank, self._world)[1])
 
     def __aiter__(self) -> AsyncIterator[Any]:
-        rank = resolve_ranks(self._rank, self._world)[0]
+        rank, world = resolve_ranks(self._rank, self._world)
+        start = self._position.yielded if self._position is not None and self._loaded else 0
+        self._loaded = False
+        self._position = Position(self._epoch, rank, world, start)
         seed = f"{self._seed}:{self._epoch}:{rank}:samples"
         rng = random.Random(seed) if self._shuffle else None
         return ShardStream(
-            self.slices(), self.read_slice, rng, self._buffer_size, self._concurrency
+            self.slices(), self.items, rng, self._buffer_size, self._concurrency, self._position
         )
 
     @property
@@ -244,15 +290,20 @@ class ShardedSource:
             finally:
                 await chunks.aclose()
 
-    async def read_slice(self, slc: Slice, out: asyncio.Queue[Any]) -> None:
-        """Puts the decoded samples of one slice on ``out``, skipping as ``on_error`` says."""
-        sent = 0
+    async def items(
+        self, slc: Slice, want: Callable[[int], bool]
+    ) -> AsyncGenerator[tuple[int, Any], None]:
+        """``(i, sample)`` for the samples ``i`` of a slice with ``want(i)``, decoded; the others
+        are read past undecoded. A skipped sample (``on_error="skip"``) comes as ``SKIPPED``."""
+        i, failed = 0, False
         try:
             async with contextlib.aclosing(self.samples(slc)) as samples:
                 async for sample in samples:
-                    sent += 1
+                    i += 1
+                    if not want(i - 1):
+                        continue
                     if self._decode is None:
-                        await out.put(sample)
+                        yield i - 1, sample
                         continue
                     try:
                         item = self._decode(sample)
@@ -262,25 +313,14 @@ class ShardedSource:
                             exc, f"{sample['__url__']}#{sample['__key__']}", reason
                         ):
                             raise
-                        continue
-                    await out.put(item)
+                        item = SKIPPED
+                    yield i - 1, item
         except FetchError as exc:
-            left = (slc.take - sent) if slc.take is not None else 0
+            left = (slc.take - i) if slc.take is not None else 0
             if not self._skips.absorb(exc, exc.target, exc.cause, samples=max(left, 1)):
                 raise
-
-
-def _counts(samples_per_shard: int | Sequence[int] | None, n: int) -> list[int] | None:
-    if samples_per_shard is None:
-        return None
-    if isinstance(samples_per_shard, bool):
-        raise TypeError("samples_per_shard must be an int or a sequence of ints, got bool")
-    if isinstance(samples_per_shard, int):
-        counts = [samples_per_shard] * n
-    else:
-        counts = [int(c) for c in samples_per_shard]
-    if len(counts) != n:
-        raise ValueError(f"samples_per_shard has {len(counts)} counts for {n} shards")
-    if any(c < 1 for c in counts):
-        raise ValueError("samples_per_shard must count at least 1 sample per shard")
-    return counts
+            failed = True
+        if failed and slc.take is not None:  # the positions stay: the order is unchanged
+            for j in range(i, slc.take):
+                if want(j):
+                    yield j, SKIPPED

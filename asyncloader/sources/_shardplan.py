@@ -90,3 +90,20 @@ def plan(
 def per_rank(counts: Sequence[int], world_size: int) -> int:
     """Samples each rank yields per epoch."""
     return sum(counts) // world_size
+
+
+def parse_counts(samples_per_shard: int | Sequence[int] | None, n: int) -> list[int] | None:
+    """``samples_per_shard`` as one count per shard (None stays None), checked."""
+    if samples_per_shard is None:
+        return None
+    if isinstance(samples_per_shard, bool):
+        raise TypeError("samples_per_shard must be an int or a sequence of ints, got bool")
+    if isinstance(samples_per_shard, int):
+        counts = [samples_per_shard] * n
+    else:
+        counts = [int(c) for c in samples_per_shard]
+    if len(counts) != n:
+        raise ValueError(f"samples_per_shard has {len(counts)} counts for {n} shards")
+    if any(c < 1 for c in counts):
+        raise ValueError("samples_per_shard must count at least 1 sample per shard")
+    return counts

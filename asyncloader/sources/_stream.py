@@ -1,87 +1,234 @@
-"""One epoch of a ShardedSource: concurrent shard readers feeding a bounded shuffle buffer.
+"""One epoch of a ShardedSource: concurrent slice readers, consumed in a fixed order.
 
-Structured: the readers are tasks of one TaskGroup, owned by a producer task that ends by
-putting the end-of-stream mark or the first error on the queue (on every path but
-cancellation, which only :meth:`ShardStream.aclose` does). Closing the stream cancels the
-producer and waits for it, so no reader outlives the epoch.
+::
+
+    launcher (plan order) ─► reader per slice ─► its own queue (≤ DEPTH samples)
+                                                      │ taken round robin (_interleave)
+                                                      ▼
+                                  shuffle buffer (≤ shuffle_buffer) ─► __anext__
+
+Readers fetch concurrently, but samples are *taken* in the interleave order, so the epoch's
+order depends only on (seed, epoch, rank), never on which read finished first.
+
+Bounds: at most ``shard_concurrency`` readers stream at once (``_reading``), and at most
+``2 * shard_concurrency`` slices are started and not yet taken to their end (``_ahead``: the
+open slots plus as many read ahead). So at most ``shuffle_buffer + (2 * DEPTH + 2) *
+shard_concurrency`` samples are held: the buffer, the queues, and per streaming reader one
+sample waiting for room and one being assembled.
+
+Structured: the readers are tasks of one TaskGroup owned by the launcher task; its first
+error is handed to the consumer (whichever queue it waits on). Closing the stream cancels
+the launcher and waits for it, so no reader outlives the epoch.
+
+Resume (``start`` > 0, slice lengths known): :func:`rewind` replays the first ``start``
+steps on positions; then the only reads are, per slice, from the first position still in
+the buffer (or, for an open slice, where the interleave stopped taking) on: samples before
+the needed ones are read past without decoding, and a slice whose samples all went out
+before ``start`` is not read at all. Without lengths, the epoch is read from its start and
+the first ``start`` samples dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
+from asyncloader.sources._interleave import Interleave, draw, rewind
 from asyncloader.sources._shardplan import Slice
 
+DEPTH = 2
+SKIPPED = object()  # a position whose sample was skipped (on_error="skip"): counted, not given
 _END = object()
+_MISSING = object()
+
+Items = Callable[[Slice, Callable[[int], bool]], AsyncGenerator[tuple[int, Any], None]]
+
+
+@dataclass
+class Position:
+    """Where the consumer is in an epoch: ``yielded`` samples (skipped ones included)."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    yielded: int = 0
+
+
+class _Failed:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
 
 
 class ShardStream:
-    """One pass: reader tasks in one TaskGroup feed a bounded queue; a shuffle buffer drains it.
+    """One pass over a rank's slices, in the fixed order of :mod:`._interleave`.
 
-    Invariant: ``len(buffer) <= shuffle_buffer`` and ``queue.qsize() <= shard_concurrency``.
+    Args:
+        slices: This rank's slices, in plan order.
+        items: ``items(slice, want)`` yields ``(i, sample or SKIPPED)`` for the slice's
+            samples ``i`` with ``want(i)``, reading past (undecoded) the others.
+        rng: The shuffle buffer's RNG, seeded from (seed, epoch, rank); None: no shuffling.
+        buffer_size: Shuffle buffer size.
+        concurrency: Slices read at once, and slots of the interleave.
+        position: Counts the samples handed out; its ``yielded`` is where this pass starts.
+
+    Invariant: ``len(buffer) <= buffer_size``, each queue holds ``<= DEPTH`` samples.
     """
 
     def __init__(
         self,
         slices: list[Slice],
-        read: Callable[[Slice, asyncio.Queue[Any]], Awaitable[None]],
+        items: Items,
         rng: random.Random | None,
         buffer_size: int,
         concurrency: int,
+        position: Position,
     ) -> None:
-        self._slices = slices
-        self._read = read
-        self._rng = rng
+        self._slices, self._items, self._rng = slices, items, rng
         self._size = buffer_size if rng is not None else 1
-        self._concurrency = concurrency
-        self._queue: asyncio.Queue[Any] = asyncio.Queue(concurrency)
+        self.position = position
+        self._drop = 0
         self._buffer: list[Any] = []
-        self._task: asyncio.Task[None] | None = None
         self._done = False
+        lengths = [s.take for s in slices if s.take is not None]
+        if position.yielded and len(lengths) == len(slices):
+            back = rewind(lengths, concurrency, rng, self._size, position.yielded)
+            self._inter, self._done = back.interleave, back.done
+            self._wanted = {pos: i for i, pos in enumerate(back.buffer)}
+            self._buffer = [_MISSING] * len(back.buffer)
+        else:  # from the start; without lengths, replay and drop what went out before
+            self._inter, self._wanted = Interleave(len(slices), concurrency), {}
+            self._drop, position.yielded = position.yielded, 0
+        self._missing = len(self._wanted)
+        # Where each slice's reader starts: its first buffered position, else where the
+        # interleave stopped taking (0 for unopened slices).
+        starts: dict[int, int] = dict(self._inter.taken)
+        for s, j in self._wanted:
+            starts[s] = min(starts.get(s, j), j)
+        self._refills = [
+            (s, first, max(j for (t, j) in self._wanted if t == s))
+            for s, first in sorted(starts.items())
+            if s not in self._inter.taken
+        ]
+        self._starts = starts
+        self._filled = asyncio.Event()
+        self._queues: dict[int, asyncio.Queue[Any]] = {}
+        self._reading = asyncio.Semaphore(concurrency)
+        self._ahead = asyncio.Semaphore(2 * concurrency)
+        self._failure: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def __aiter__(self) -> ShardStream:
         return self
 
-    async def _produce(self) -> None:
-        final: Any = _END
+    def _queue(self, s: int) -> asyncio.Queue[Any]:
+        if s not in self._queues:
+            self._queues[s] = asyncio.Queue(DEPTH)
+        return self._queues[s]
+
+    async def _read(self, s: int, first: int, feeds: int | None, last: int | None) -> None:
+        """Reads slice ``s`` from its sample ``first`` to ``last`` (None: its end): buffered
+        positions go to the buffer, samples from ``feeds`` on (None: none) to the slice's
+        queue, the rest are read past."""
+        slc = self._slices[s]
+        if last is not None:
+            slc = Slice(slc.shard, slc.skip + first, last + 1 - first)
+        elif first:
+            slc = Slice(slc.shard, slc.skip + first, None if slc.take is None else slc.take - first)
+
+        def want(i: int) -> bool:
+            j = first + i
+            return (s, j) in self._wanted or (feeds is not None and j >= feeds)
+
         try:
-            todo = iter(self._slices)
+            async with contextlib.aclosing(self._items(slc, want)) as items:
+                async for i, item in items:
+                    j = first + i
+                    if (s, j) in self._wanted:
+                        self._buffer[self._wanted.pop((s, j))] = item
+                        self._missing -= 1
+                        if not self._missing:
+                            self._filled.set()
+                    elif feeds is not None and j >= feeds:
+                        await self._queue(s).put(item)
+        finally:
+            self._reading.release()
+        if feeds is not None:
+            await self._queue(s).put(_END)
 
-            async def worker() -> None:
-                for slc in todo:
-                    await self._read(slc, self._queue)
-
+    async def _launch(self) -> None:
+        inter = self._inter
+        try:
             async with asyncio.TaskGroup() as tg:
-                for i in range(min(self._concurrency, len(self._slices))):
-                    tg.create_task(worker(), name=f"shard-reader:{i}")
+                for s, first, last in self._refills:
+                    await self._reading.acquire()
+                    tg.create_task(self._read(s, first, None, last), name=f"shard-refill:{s}")
+                for s in [*sorted(inter.taken), *range(inter.next_slice, inter.n)]:
+                    feeds = inter.taken.get(s, 0)
+                    await self._ahead.acquire()
+                    await self._reading.acquire()
+                    read = self._read(s, self._starts.get(s, 0), feeds, None)
+                    tg.create_task(read, name=f"shard-reader:{s}")
         except BaseExceptionGroup as group:
-            final = _first(group)
+            self._fail(_first(group))
         except Exception as exc:
-            final = exc
-        await self._queue.put(final)
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Hands the error to the consumer, whichever queue (or the refill) it waits on."""
+        self._failure = exc
+        self._filled.set()
+        for queue in self._queues.values():
+            if not queue.full():
+                queue.put_nowait(_Failed(exc))
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            self._done, self._missing = True, 0
+            self._buffer.clear()
+            raise self._failure
+
+    async def _take(self, s: int) -> Any:
+        queue = self._queue(s)
+        if queue.empty():
+            self._check()
+        item = await queue.get()
+        if isinstance(item, _Failed):
+            self._check()
+        return item
 
     async def __anext__(self) -> Any:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._produce(), name="shards")
-        while not self._done and len(self._buffer) < self._size:
-            item = await self._queue.get()
-            if item is _END:
-                self._done = True
-            elif isinstance(item, BaseException):
-                self._done = True
-                self._buffer.clear()
-                raise item
-            else:
-                self._buffer.append(item)
-        if not self._buffer:
-            raise StopAsyncIteration
-        if self._rng is not None:
-            i = self._rng.randrange(len(self._buffer))
-            self._buffer[i], self._buffer[-1] = self._buffer[-1], self._buffer[i]
-        return self._buffer.pop() if self._rng is not None else self._buffer.pop(0)
+            self._task = asyncio.get_running_loop().create_task(self._launch(), name="shards")
+        if self._missing:
+            await self._filled.wait()
+            self._check()
+        inter = self._inter
+        while True:
+            while not self._done and len(self._buffer) < self._size:
+                s = inter.current()
+                if s is None:
+                    self._done = True
+                    break
+                item = await self._take(s)
+                if item is _END:
+                    inter.ended()
+                    del self._queues[s]
+                    self._ahead.release()
+                else:
+                    self._buffer.append(item)
+                    inter.took()
+            if not self._buffer:
+                raise StopAsyncIteration
+            item = draw(self._buffer, self._rng)
+            self.position.yielded += 1
+            if item is SKIPPED or self._drop:
+                self._drop = max(self._drop - 1, 0)
+                continue
+            return item
 
     async def aclose(self) -> None:
         """Cancels the readers and waits for them. Idempotent."""

@@ -112,3 +112,10 @@ async def members(
             yield Member(name, data, reader.offset)
         elif info.type != tarfile.XGLTYPE:
             long_name, pax = None, {}
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """WebDataset's grouping: ``dir/abc.seg.png`` is key ``dir/abc``, field ``seg.png``."""
+    slash = name.rfind("/") + 1
+    base, dot, ext = name[slash:].partition(".")
+    return name[:slash] + base, ext if dot else ""
