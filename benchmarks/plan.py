@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from benchmarks.loaders import CPU_WORKERS, LOADERS
 from benchmarks.workloads import WORKLOADS
 
-FULL_REPS = 3
+FULL_REPS = 5
 CONCURRENCY = (16, 64, 256, 1024)
 DATALOADER_WORKERS = (2, 8, 16)
 QUICK_CONCURRENCY = (64, 256)
