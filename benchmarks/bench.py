@@ -6,7 +6,8 @@ of each run's whole process tree from here; writes one JSON per run, then the me
 Markdown table and the PNG plot (:mod:`benchmarks.report`). A run that delivers the wrong
 samples, fails or hangs stops the benchmark with its error.
 
-``python -m benchmarks.bench [--quick] [--reps N] [--only WORKLOAD ...] [--out DIR]``
+``python -m benchmarks.bench [--quick] [--reps N] [--only WORKLOAD ...] [--out DIR]``;
+``--report-only`` rewrites the table, plot and README from an existing ``summary.json``.
 """
 
 from __future__ import annotations
@@ -117,9 +118,19 @@ def main() -> None:
     parser.add_argument(
         "--no-readme", action="store_true", help="do not update README's Benchmarks section"
     )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the table, plot and README from the folder's summary.json; run nothing",
+    )
     args = parser.parse_args()
     reps = args.reps or (1 if args.quick else plan.FULL_REPS)
     out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    if args.report_only:
+        summary = json.loads((out / "summary.json").read_text())
+        summary["targets"] = report.targets(summary["rows"])
+        publish(summary, out, readme=not (args.quick or args.no_readme or args.out))
+        return
     cases = plan.cases(quick=args.quick, reps=reps, only=args.only)
     runs_dir = out / "runs"
     shutil.rmtree(runs_dir, ignore_errors=True)
@@ -144,13 +155,18 @@ def main() -> None:
     info["load1_after"] = os.getloadavg()[0]
     summary = report.summarize(results, info)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    publish(summary, out, readme=not (args.quick or args.no_readme or args.out or args.only))
+
+
+def publish(summary: dict, out: Path, readme: bool) -> None:
+    """Writes the Markdown table and the plot of ``summary``, and README's Benchmarks section."""
     markdown = report.markdown(summary)
     (out / "results.md").write_text(markdown)
     plot.plot(summary, out / "results.png")
-    if not args.quick and not args.no_readme and args.out is None and not args.only:
+    if readme:
         plot.update_readme(Path(__file__).resolve().parent.parent / "README.md", markdown)
     print(markdown)
-    print(f"\nwritten: {out}/results.md, results.png, summary.json, runs/*.json")
+    print(f"\nwritten: {out}/results.md, results.png, summary.json")
 
 
 if __name__ == "__main__":

@@ -230,10 +230,11 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Measured {m['date']} on {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, "
         f"Python {m['python']}, torch {v['torch']}, torchdata {v['torchdata']}, "
         f"spdl {v['spdl']}; asyncloader at {m['commit']}. {m['mode']} run, medians of "
-        f"{m['reps']} fresh-process runs each; `{COMMAND}` reproduces it. The machine was shared "
-        f"with other work: 1-minute load average {fmt(m.get('load1_median'), 1)} (median, "
-        f"max {fmt(m.get('load1_max'), 1)}) before the runs, so compare ratios within this "
-        "table rather than absolute numbers across machines.",
+        f"{m['reps']} fresh-process runs each; `{COMMAND}` reproduces it. The machine is shared "
+        f"with other work: 1-minute load average {fmt(m.get('load1_before'), 1)} when the "
+        f"benchmark started, {fmt(m.get('load1_median'), 1)} (median; max "
+        f"{fmt(m.get('load1_max'), 1)}) before its runs, which counts the benchmark's own runs "
+        "too; so compare ratios within this table rather than absolute numbers across machines.",
         "",
         "**Targets** (issue 7). *value* uses items/s over the whole epoch, from building the "
         "loader to its last batch (a fresh process: worker start-up included); *steady* uses "
