@@ -1,17 +1,21 @@
-# Two entry points for a fresh clone: `make demo` and `make test`. Each creates .venv if it is
+# Entry points for a fresh clone: `make demo`, `make test` and `make bench`. Each creates .venv if it is
 # missing and installs the package under constraints.txt (torch pinned to its CPU wheel).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.dev-installed: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[dev]'
+	touch $@
+
+$(VENV)/.bench-installed: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[dev,bench]'
 	touch $@
 
 demo: $(VENV)/.dev-installed
@@ -24,6 +28,16 @@ test: $(VENV)/.dev-installed
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
+
+# The side-by-side benchmark of DataLoader, torchdata.nodes, spdl and asyncloader (~20 min on
+# 2 cores); results in benchmarks/results/ and README's Benchmarks section.
+bench: $(VENV)/.bench-installed
+	$(PY) -m benchmarks.bench
+
+# The same, one repetition of fewer settings and a quarter of the items (a few minutes);
+# results in benchmarks/results/quick/ (not committed).
+bench-quick: $(VENV)/.bench-installed
+	$(PY) -m benchmarks.bench --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks: asyncloader beside DataLoader, torchdata.nodes and SPDL (`make bench`)."""

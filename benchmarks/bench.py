@@ -1,0 +1,173 @@
+"""The side-by-side benchmark of issue 7: ``make bench`` (full) or ``make bench-quick``.
+
+Runs every (loader, workload, setting) of :mod:`benchmarks.plan` in a fresh process
+(:mod:`benchmarks.run_one`), loaders alternating, several repetitions; samples the peak memory
+of each run's whole process tree from here; writes one JSON per run, then the medians, the
+Markdown table and the PNG plot (:mod:`benchmarks.report`). A run that delivers the wrong
+samples, fails or hangs stops the benchmark with its error.
+
+``python -m benchmarks.bench [--quick] [--reps N] [--only WORKLOAD ...] [--out DIR]``;
+``--report-only`` rewrites the table, plot and README from an existing ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+from tqdm import tqdm
+
+from benchmarks import plan, plot, report
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RUN_TIMEOUT_S = 300
+SAMPLE_EVERY_S = 0.01
+REFRESH_EVERY_S = 0.1
+
+
+class RunFailed(RuntimeError):
+    """A benchmark run exited non-zero, timed out, or printed no result."""
+
+
+@contextlib.contextmanager
+def http_server() -> Iterator[int]:
+    """Starts :mod:`benchmarks.http_server` in its own process; yields its port."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.http_server"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "port":
+            raise RunFailed(f"the http server did not start (it printed {line!r})")
+        yield int(line[1])
+    finally:
+        with contextlib.suppress(BrokenPipeError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _tree_rss(procs: dict[int, psutil.Process]) -> int:
+    total = 0
+    for pid, proc in list(procs.items()):
+        try:
+            total += proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            del procs[pid]
+    return total
+
+
+def run_case(case: plan.Case, port: int | None) -> dict:
+    """Runs one case in a fresh process; returns its result with the tree's peak RSS added."""
+    cmd = [sys.executable, "-m", "benchmarks.run_one", *case.argv()]
+    if port is not None and case.workload == "http":
+        cmd += ["--port", str(port)]
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        root = psutil.Process(proc.pid)
+        procs, peak, refreshed = {proc.pid: root}, 0, 0.0
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now > deadline:
+                proc.kill()
+                proc.wait()
+                raise RunFailed(f"{case} ran past {RUN_TIMEOUT_S} s")
+            if now - refreshed >= REFRESH_EVERY_S:
+                with contextlib.suppress(psutil.Error):
+                    for child in root.children(recursive=True):
+                        procs.setdefault(child.pid, child)
+                refreshed = now
+            peak = max(peak, _tree_rss(procs))
+            time.sleep(SAMPLE_EVERY_S)
+        out.seek(0)
+        err.seek(0)
+        lines = out.read().strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise RunFailed(f"{case} failed (exit {proc.returncode}):\n{err.read()[-4000:]}")
+    result = json.loads(lines[-1])
+    result.update(rep=case.rep, peak_rss_mb=peak / 2**20, load1_before=load)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
+    parser.add_argument("--reps", type=int, help="repetitions (default: 3 full, 1 quick)")
+    parser.add_argument("--only", nargs="+", metavar="WORKLOAD", help="run only these")
+    parser.add_argument("--out", type=Path, help="results folder (default: results/ or quick/)")
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not update README's Benchmarks section"
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the table, plot and README from the folder's summary.json; run nothing",
+    )
+    args = parser.parse_args()
+    reps = args.reps or (1 if args.quick else plan.FULL_REPS)
+    out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    if args.report_only:
+        summary = json.loads((out / "summary.json").read_text())
+        summary["targets"] = report.targets(summary["rows"])
+        publish(summary, out, readme=not (args.quick or args.no_readme or args.out))
+        return
+    cases = plan.cases(quick=args.quick, reps=reps, only=args.only)
+    runs_dir = out / "runs"
+    shutil.rmtree(runs_dir, ignore_errors=True)
+    runs_dir.mkdir(parents=True)
+    started = time.time()
+    info = report.machine_info(quick=args.quick, reps=reps)
+    results = []
+    needs_http = any(c.workload == "http" for c in cases)
+    with contextlib.ExitStack() as stack:
+        port = stack.enter_context(http_server()) if needs_http else None
+        bar = stack.enter_context(tqdm(cases, unit="run", desc="benchmark", dynamic_ncols=True))
+        for case in bar:
+            bar.set_postfix_str(str(case))
+            try:
+                result = run_case(case, port)
+            except RunFailed as exc:
+                bar.close()
+                sys.exit(f"benchmark stopped: {exc}")
+            (runs_dir / f"{case.file_stem()}.json").write_text(json.dumps(result, indent=1))
+            results.append(result)
+    info["elapsed_s"] = time.time() - started
+    info["load1_after"] = os.getloadavg()[0]
+    summary = report.summarize(results, info)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    publish(summary, out, readme=not (args.quick or args.no_readme or args.out or args.only))
+
+
+def publish(summary: dict, out: Path, readme: bool) -> None:
+    """Writes the Markdown table and the plot of ``summary``, and README's Benchmarks section."""
+    markdown = report.markdown(summary)
+    (out / "results.md").write_text(markdown)
+    plot.plot(summary, out / "results.png")
+    if readme:
+        plot.update_readme(Path(__file__).resolve().parent.parent / "README.md", markdown)
+    print(markdown)
+    print(f"\nwritten: {out}/results.md, results.png, summary.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Runs one (loader, workload, setting) in this fresh process and prints its result as JSON.
+
+``python -m benchmarks.run_one LOADER WORKLOAD SETTING ITEMS [--port PORT]``. The clock starts
+just before the loader is built and stops at its last batch; every batch is checked
+(:mod:`benchmarks.checks`) and a wrong delivery exits non-zero. CPU seconds are those of this
+process and all its descendants, live or already reaped by a member of the tree, between
+just before the build and just after the loader closed. Peak memory is sampled from outside
+by the driver (:mod:`benchmarks.bench`), which does not share this process's GIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import warnings
+
+import psutil
+
+from benchmarks.checks import Checker
+from benchmarks.loaders import BUILDERS, make_dataset
+from benchmarks.workloads import WORKLOADS
+
+
+def tree_cpu_seconds() -> float:
+    """User + system seconds of this process and its descendants, reaped ones included.
+
+    A process that exited and was reaped by a member of the tree is in that member's
+    ``children_user``/``children_system``; a live one counts in its own times.
+    """
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):  # microsecond resolution
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def run(loader: str, workload_name: str, setting: int, items: int, port: int | None) -> dict:
+    """Builds the loader, consumes one epoch, checks it; returns the measurements."""
+    workload = WORKLOADS[workload_name]
+    checker = Checker(items, workload.shape)
+    dataset = make_dataset(loader, workload, items, port)
+    build = BUILDERS[loader]
+    cpu0 = tree_cpu_seconds()
+    t0 = time.perf_counter()
+    with build(workload, dataset, setting) as batches:
+        it = iter(batches)
+        first = checker.add(next(it))
+        t_first = time.perf_counter()
+        for batch in it:
+            checker.add(batch)
+        t_end = time.perf_counter()
+    t_closed = time.perf_counter()
+    cpu = tree_cpu_seconds() - cpu0
+    checker.verify()
+    wall = t_end - t0
+    return {
+        "loader": loader,
+        "workload": workload_name,
+        "setting": setting,
+        "setting_name": "num_workers" if _is_workers(loader, workload) else "io_concurrency",
+        "items": items,
+        "batch": workload.batch,
+        "items_per_s": items / wall,
+        "steady_items_per_s": (items - first) / (t_end - t_first) if items > first else None,
+        "ttfb_s": t_first - t0,
+        "wall_s": wall,
+        "close_s": t_closed - t_end,
+        "cpu_s": cpu,
+        "cpu_ms_per_item": cpu * 1e3 / items,
+        "self_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "check": {"ok": True, **checker.summary()},
+    }
+
+
+def _is_workers(loader: str, workload) -> bool:
+    """Whether the setting counts processes (else requests in flight)."""
+    return loader == "DataLoader" or not workload.latency_bound
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("loader", choices=sorted(BUILDERS))
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("setting", type=int)
+    parser.add_argument("items", type=int)
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args()
+    # http samples are np.frombuffer views of the response bytes, read-only for every loader.
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    result = run(args.loader, args.workload, args.setting, args.items, args.port)
+    result["pid"] = os.getpid()
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
