@@ -253,6 +253,8 @@ def weed_binary() -> str | None:
 
 
 ACCESS_KEY, SECRET_KEY, BUCKET = "asyncloader-test", "not-a-real-secret-f00d", "testbucket"
+#: Poll interval while an external server process comes up (no event of ours to await).
+POLL_DELAY_S = 0.1
 
 
 class SeaweedS3:
@@ -315,7 +317,7 @@ class SeaweedS3:
                     return
             except OSError:
                 pass
-            time.sleep(0.1)  # an external process: nothing to await but its port
+            time.sleep(POLL_DELAY_S)  # an external process: nothing to await but its port
         raise RuntimeError("weed mini did not become ready")
 
     def __exit__(self, *exc_info: object) -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.servers import BUCKET, Faults, FaultyHTTPServer, SeaweedS3, weed_binary
+from tests.servers import BUCKET, POLL_DELAY_S, Faults, FaultyHTTPServer, SeaweedS3, weed_binary
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def put_objects(server: SeaweedS3, objects: dict[str, bytes]) -> list[str]:
                     except FileNotFoundError:
                         if attempt == 49:
                             raise
-                        await asyncio.sleep(0.1)
+                        await asyncio.sleep(POLL_DELAY_S)  # the external gateway's
         finally:
             await fs._s3.close()
 
