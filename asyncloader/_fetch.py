@@ -1,25 +1,45 @@
-"""Bounded async fan-out: fetches the samples of a batch on the event loop.
+"""Bounded async fan-out: fetches the samples of every batch on the event loop.
 
-Per sample, so one slow sample never holds a whole batch's worth of requests back. At most
-``io_concurrency`` samples are being fetched at once across all batches of an epoch:
-``slots.value + fetching == io_concurrency`` at every await point.
+Per sample, so one slow sample never holds a whole batch's worth of requests back. Samples
+wait in one FIFO queue (earlier batches first) served by at most ``io_concurrency`` runner
+tasks; each runner fetches one sample at a time, so ``fetching <= runners <= io_concurrency``
+at every await point. A runner starts when samples are queued and a slot is free, and ends
+when it finds the queue empty: there is no task, semaphore or TaskGroup per sample, and
+nothing to stop at the end of an epoch.
+
+::
+
+    fetch(seq 0) ─► queue: (0,0) (0,1) … (1,0) (1,1) …  ◄─ fetch(seq 1)
+                          │ popped by a free runner, oldest first
+                    runner 0 … runner io_concurrency-1   (await get(index), one at a time)
+                          │ the batch's last sample
+                    batch future ─► fetch(seq) returns the samples (or the first Failure)
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from asyncloader._failure import Failure
+from asyncloader.errors import AsyncLoaderError
+
+Spawn = Callable[..., "asyncio.Task[None]"]
 
 
-class _SampleFailed(Exception):
-    """Carries one sample's Failure out of the batch's TaskGroup, cancelling its siblings."""
+class _Batch:
+    """One batch's samples as they arrive; ``done`` resolves to them or to a Failure."""
 
-    def __init__(self, failure: Failure) -> None:
-        super().__init__()
-        self.failure = failure
+    __slots__ = ("done", "indices", "left", "samples", "seq")
+
+    def __init__(self, seq: int, indices: Sequence[Any], done: asyncio.Future[Any]) -> None:
+        self.seq = seq
+        self.indices = indices
+        self.samples: list[Any] = [None] * len(indices)
+        self.left = len(indices)
+        self.done = done
 
 
 class Fetcher:
@@ -29,34 +49,81 @@ class Fetcher:
         get: Returns an awaitable of the sample at ``index`` (a coroutine for async sources, a
             thread-pool future for sync ones).
         io_concurrency: The bound on samples being fetched at once.
+        spawn: Starts a runner task (``TaskGroup.create_task``): runners belong to the epoch,
+            so a failure or cancellation of the epoch reaches them.
     """
 
-    def __init__(self, get: Callable[[Any], Awaitable[Any]], io_concurrency: int) -> None:
+    def __init__(
+        self, get: Callable[[Any], Awaitable[Any]], io_concurrency: int, spawn: Spawn
+    ) -> None:
         self._get = get
-        self._slots = asyncio.Semaphore(io_concurrency)
+        self._limit = io_concurrency
+        self._spawn = spawn
+        self._queue: deque[tuple[_Batch, int]] = deque()
+        self._runners = 0
         self.fetching = 0
         self.max_fetching = 0
 
-    async def _one(self, seq: int, indices: Sequence[Any], out: list[Any], pos: int) -> None:
-        index = indices[pos]
-        async with self._slots:
-            self.fetching += 1
-            self.max_fetching = max(self.max_fetching, self.fetching)
-            try:
-                out[pos] = await self._get(index)
-            except Exception as exc:
-                raise _SampleFailed(Failure.capture(exc, "fetch", seq, indices, index)) from None
-            finally:
-                self.fetching -= 1
-
     async def fetch(self, seq: int, indices: Sequence[Any]) -> list[Any] | Failure:
-        """Returns the samples of batch ``seq`` in ``indices`` order, or the first Failure."""
-        out: list[Any] = [None] * len(indices)
-        failed: list[Failure] = []
+        """Returns the samples of batch ``seq`` in ``indices`` order, or the first Failure.
+
+        Once one sample failed, the batch's samples still queued are not fetched.
+        """
+        if not indices:
+            return []
+        batch = _Batch(seq, indices, asyncio.get_running_loop().create_future())
+        self._queue.extend((batch, pos) for pos in range(len(indices)))
+        while self._runners < self._limit and self._runners < len(self._queue):
+            try:
+                self._spawn(self._run(), name=f"fetch-runner:{self._runners}")
+            except RuntimeError:  # the TaskGroup is shutting down: this task is cancelled too
+                break
+            self._runners += 1
         try:
-            async with asyncio.TaskGroup() as tg:
-                for pos, index in enumerate(indices):
-                    tg.create_task(self._one(seq, indices, out, pos), name=f"fetch:{index}")
-        except* _SampleFailed as group:
-            failed.extend(e.failure for e in group.exceptions if isinstance(e, _SampleFailed))
-        return failed[0] if failed else out
+            return await batch.done
+        finally:
+            if not batch.done.done():  # cancelled: drop what is still queued of it
+                batch.done.cancel()
+
+    async def _run(self) -> None:
+        """Fetches queued samples one at a time until the queue is empty."""
+        queue, get = self._queue, self._get
+        me = asyncio.current_task()
+        assert me is not None
+        try:
+            while queue:
+                batch, pos = queue.popleft()
+                if batch.done.done():  # failed or cancelled: skip the rest of it
+                    continue
+                index = batch.indices[pos]
+                self.fetching += 1
+                if self.fetching > self.max_fetching:
+                    self.max_fetching = self.fetching
+                try:
+                    sample = await get(index)
+                except asyncio.CancelledError as exc:
+                    if me.cancelling():
+                        raise  # the epoch is being cancelled
+                    # A source that raises CancelledError of its own (some clients do on
+                    # timeouts) failed this sample: report it, never lose the sample quietly.
+                    error = AsyncLoaderError("the source raised CancelledError for this sample")
+                    error.__cause__ = exc
+                    self._fail(batch, error, index)
+                    continue
+                except Exception as exc:
+                    self._fail(batch, exc, index)
+                    continue
+                finally:
+                    self.fetching -= 1
+                if not batch.done.done():
+                    batch.samples[pos] = sample
+                    batch.left -= 1
+                    if batch.left == 0:
+                        batch.done.set_result(batch.samples)
+        finally:
+            self._runners -= 1
+
+    @staticmethod
+    def _fail(batch: _Batch, exc: BaseException, index: Any) -> None:
+        if not batch.done.done():
+            batch.done.set_result(Failure.capture(exc, "fetch", batch.seq, batch.indices, index))

@@ -131,6 +131,7 @@ class Epoch:
         self._max_ahead = 0
         self._batches = 0
         self._inflight: dict[int, Sequence[Any]] = {}
+        self._get: Callable[[Any], Awaitable[Any]] | None = None  # fetch on the loop
         self._fetcher: Fetcher | None = None
         self._transformer: Transformer | None = None
         self._device: DeviceStage | None = None
@@ -235,6 +236,8 @@ class Epoch:
                 batches = stream_batches(cfg, self._resume, self._first_seq, self._states, closers)
             try:
                 async with asyncio.TaskGroup() as tg:
+                    if self._get is not None:
+                        self._fetcher = Fetcher(self._get, cfg.io_concurrency, tg.create_task)
                     if self._device is not None:
                         tg.create_task(self._device_pump(self._device), name="device")
                     admitted = 0
@@ -268,22 +271,19 @@ class Epoch:
         self._out.fail(exc)
 
     async def _set_up(self, closers: list[Callable[[], None]]) -> None:
-        """Creates the fetcher and the transformer, and registers how to tear them down."""
+        """Prepares the fetch and the transformer, and registers how to tear them down."""
         cfg = self._cfg
         loop = asyncio.get_running_loop()
         epoch_seed = self._seed if cfg.seed_per_sample else None
         plan = batch_plan(cfg)
         if cfg.kind is SourceKind.ASYNC_MAP:
-            self._fetcher = Fetcher(cfg.dataset.__getitem__, cfg.io_concurrency)
+            self._get = cfg.dataset.__getitem__
         elif cfg.kind is SourceKind.MAP and not cfg.fetch_in_workers:
             threads = loader_threads(cfg.io_concurrency, "asyncloader-fetch")
             closers.append(lambda: threads.shutdown(wait=True, cancel_futures=True))
             getitem = cfg.dataset.__getitem__
-            self._fetcher = Fetcher(
-                lambda index: loop.run_in_executor(
-                    threads, call_seeded, epoch_seed, index, getitem, index
-                ),
-                cfg.io_concurrency,
+            self._get = lambda index: loop.run_in_executor(
+                threads, call_seeded, epoch_seed, index, getitem, index
             )
         if cfg.device_stage:
             device = DeviceStage(cfg.pin_memory and torch.cuda.is_available(), cfg.device)

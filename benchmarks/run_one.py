@@ -1,6 +1,7 @@
 """Runs one (loader, workload, setting) in this fresh process and prints its result as JSON.
 
-``python -m benchmarks.run_one LOADER WORKLOAD SETTING ITEMS [--port PORT]``. The clock starts
+``python -m benchmarks.run_one LOADER WORKLOAD SETTING ITEMS [--port PORT]``. The loader's
+library is imported first (:func:`benchmarks.loaders.import_library`); the clock starts
 just before the loader is built and stops at its last batch; every batch is checked
 (:mod:`benchmarks.checks`) and a wrong delivery exits non-zero. CPU seconds are those of this
 process and all its descendants, live or already reaped by a member of the tree, between
@@ -21,7 +22,7 @@ import warnings
 import psutil
 
 from benchmarks.checks import Checker
-from benchmarks.loaders import BUILDERS, make_dataset
+from benchmarks.loaders import BUILDERS, import_library, make_dataset
 from benchmarks.workloads import WORKLOADS
 
 
@@ -49,6 +50,7 @@ def run(loader: str, workload_name: str, setting: int, items: int, port: int | N
     workload = WORKLOADS[workload_name]
     checker = Checker(items, workload.shape)
     dataset = make_dataset(loader, workload, items, port)
+    import_library(loader)
     build = BUILDERS[loader]
     cpu0 = tree_cpu_seconds()
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Fetcher: the io_concurrency bound, order of samples in a batch, failures."""
+"""Fetcher: the io_concurrency bound, order of samples in a batch, failures, runner lifetime."""
 
 import asyncio
 
@@ -6,43 +6,77 @@ import pytest
 
 from asyncloader._failure import Failure
 from asyncloader._fetch import Fetcher
+from asyncloader.errors import AsyncLoaderError
 
 
 class Gate:
-    """An async getter that records concurrency and releases fetches when told."""
+    """An async getter that records calls and concurrency and releases fetches when told."""
 
     def __init__(self) -> None:
         self.active = 0
         self.peak = 0
+        self.calls: list[int] = []
         self.open = asyncio.Event()
 
     async def get(self, index: int) -> int:
+        self.calls.append(index)
         self.active += 1
         self.peak = max(self.peak, self.active)
         try:
             await self.open.wait()
             if index == 13:
                 raise LookupError("no 13")
+            if index == 99:
+                raise asyncio.CancelledError("a client's own timeout")
             return index * 10
         finally:
             self.active -= 1
+
+
+async def settle() -> None:
+    """Lets every ready task on the loop run until they all wait."""
+    for _ in range(20):
+        await asyncio.sleep(0)
 
 
 @pytest.mark.asyncio
 async def test_never_more_than_io_concurrency_fetches_at_once():
     """With all fetches held open, exactly io_concurrency of them are in flight."""
     gate = Gate()
-    fetcher = Fetcher(gate.get, io_concurrency=5)
-    batches = [asyncio.create_task(fetcher.fetch(s, list(range(s * 4, s * 4 + 4)))) for s in (0, 1)]
-    while gate.active < 5:
-        await asyncio.sleep(0)
-    for _ in range(10):
-        await asyncio.sleep(0)
-    assert gate.active == 5 and fetcher.fetching == 5
-    gate.open.set()
-    results = await asyncio.gather(*batches)
+    async with asyncio.TaskGroup() as tg:
+        fetcher = Fetcher(gate.get, 5, tg.create_task)
+        batches = [tg.create_task(fetcher.fetch(s, list(range(s * 4, s * 4 + 4)))) for s in (0, 1)]
+        await settle()
+        assert gate.active == 5 and fetcher.fetching == 5
+        gate.open.set()
+        results = await asyncio.gather(*batches)
     assert results == [[0, 10, 20, 30], [40, 50, 60, 70]]
     assert gate.peak == 5 and fetcher.max_fetching == 5 and fetcher.fetching == 0
+
+
+@pytest.mark.asyncio
+async def test_runners_end_when_nothing_is_queued():
+    """Runners exit once the queue is empty, so the epoch's TaskGroup can finish."""
+    gate = Gate()
+    gate.open.set()
+    async with asyncio.TaskGroup() as tg:
+        fetcher = Fetcher(gate.get, 64, tg.create_task)
+        assert await fetcher.fetch(0, [1, 2, 3]) == [10, 20, 30]
+        await settle()
+        assert fetcher._runners == 0
+        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("fetch-runner")] == []
+
+
+@pytest.mark.asyncio
+async def test_earlier_batches_are_fetched_first():
+    """Samples are fetched in the order their batches were queued (FIFO across batches)."""
+    gate = Gate()
+    gate.open.set()
+    async with asyncio.TaskGroup() as tg:
+        fetcher = Fetcher(gate.get, 1, tg.create_task)
+        tasks = [tg.create_task(fetcher.fetch(s, [s * 10, s * 10 + 1])) for s in range(4)]
+        await asyncio.gather(*tasks)
+    assert gate.calls == [0, 1, 10, 11, 20, 21, 30, 31]
 
 
 @pytest.mark.asyncio
@@ -50,7 +84,73 @@ async def test_a_failing_sample_returns_a_failure_naming_it():
     """One failing sample turns the batch into a Failure naming stage, batch and index."""
     gate = Gate()
     gate.open.set()
-    result = await Fetcher(gate.get, io_concurrency=8).fetch(3, [12, 13, 14])
+    async with asyncio.TaskGroup() as tg:
+        result = await Fetcher(gate.get, 8, tg.create_task).fetch(3, [12, 13, 14])
     assert isinstance(result, Failure)
     assert isinstance(result.exc, LookupError)
     assert "asyncloader: stage=fetch batch=3 index=13 indices=[12, 13, 14]" in result.exc.__notes__
+
+
+@pytest.mark.asyncio
+async def test_after_a_failure_the_rest_of_the_batch_is_not_fetched():
+    """Queued samples of a failed batch are skipped; the next batch is still served."""
+    gate = Gate()
+    gate.open.set()
+    async with asyncio.TaskGroup() as tg:
+        fetcher = Fetcher(gate.get, 1, tg.create_task)
+        failed = tg.create_task(fetcher.fetch(0, [13, 14, 15]))
+        ok = tg.create_task(fetcher.fetch(1, [1, 2]))
+        assert isinstance(await failed, Failure)
+        assert await ok == [10, 20]
+    assert gate.calls == [13, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_a_source_raising_cancelled_error_fails_its_batch_instead_of_hanging():
+    """A CancelledError from the source (not a cancellation of the epoch) is a sample failure."""
+    gate = Gate()
+    gate.open.set()
+    async with asyncio.TaskGroup() as tg:
+        fetcher = Fetcher(gate.get, 4, tg.create_task)
+        result = await asyncio.wait_for(fetcher.fetch(2, [98, 99]), 10)
+        assert await fetcher.fetch(3, [1]) == [10]
+    assert isinstance(result, Failure) and isinstance(result.exc, AsyncLoaderError)
+    assert "index=99" in result.exc.__notes__[0]
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_fetch_drops_its_queued_samples():
+    """Cancelling one batch's fetch leaves its queued samples unfetched; others complete."""
+    gate = Gate()
+    async with asyncio.TaskGroup() as tg:
+        fetcher = Fetcher(gate.get, 1, tg.create_task)
+        first = tg.create_task(fetcher.fetch(0, [1]))
+        dropped = tg.create_task(fetcher.fetch(1, [2, 3]))
+        kept = tg.create_task(fetcher.fetch(2, [4]))
+        await settle()
+        dropped.cancel()
+        await settle()
+        gate.open.set()
+        assert await first == [10] and await kept == [40]
+    assert dropped.cancelled()
+    assert gate.calls == [1, 4]
+
+
+@pytest.mark.asyncio
+async def test_cancelling_the_task_group_stops_runners_mid_fetch():
+    """An epoch's cancellation reaches runners blocked in a fetch; none is left behind."""
+    gate = Gate()
+
+    async def epoch() -> None:
+        async with asyncio.TaskGroup() as tg:
+            fetcher = Fetcher(gate.get, 3, tg.create_task)
+            tg.create_task(fetcher.fetch(0, list(range(10))))
+
+    task = asyncio.create_task(epoch())
+    await settle()
+    assert gate.active == 3
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gate.active == 0
+    assert [t for t in asyncio.all_tasks() if t.get_name().startswith("fetch-runner")] == []
