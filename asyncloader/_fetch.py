@@ -3,15 +3,16 @@
 Per sample, so one slow sample never holds a whole batch's worth of requests back. Samples
 wait in one FIFO queue (earlier batches first) served by at most ``io_concurrency`` runner
 tasks; each runner fetches one sample at a time, so ``fetching <= runners <= io_concurrency``
-at every await point. A runner starts when samples are queued and a slot is free, and ends
-when it finds the queue empty: there is no task, semaphore or TaskGroup per sample, and
-nothing to stop at the end of an epoch.
+at every await point. Runners are started as samples arrive, park when the queue is empty, are
+woken by the next batch, and end once :meth:`Fetcher.close` says no batch will come: there is
+no task, semaphore or TaskGroup per sample.
 
 ::
 
     fetch(seq 0) ─► queue: (0,0) (0,1) … (1,0) (1,1) …  ◄─ fetch(seq 1)
                           │ popped by a free runner, oldest first
-                    runner 0 … runner io_concurrency-1   (await get(index), one at a time)
+                    runner 0 … runner io_concurrency-1   (await get(index), one at a time;
+                          │                               parked while the queue is empty)
                           │ the batch's last sample
                     batch future ─► fetch(seq) returns the samples (or the first Failure)
 """
@@ -32,13 +33,14 @@ Spawn = Callable[..., "asyncio.Task[None]"]
 class _Batch:
     """One batch's samples as they arrive; ``done`` resolves to them or to a Failure."""
 
-    __slots__ = ("done", "indices", "left", "samples", "seq")
+    __slots__ = ("done", "indices", "left", "next", "samples", "seq", "size")
 
     def __init__(self, seq: int, indices: Sequence[Any], done: asyncio.Future[Any]) -> None:
         self.seq = seq
         self.indices = indices
-        self.samples: list[Any] = [None] * len(indices)
-        self.left = len(indices)
+        self.size = self.left = len(indices)
+        self.samples: list[Any] = [None] * self.size
+        self.next = 0  # the position a runner takes next
         self.done = done
 
 
@@ -50,7 +52,8 @@ class Fetcher:
             thread-pool future for sync ones).
         io_concurrency: The bound on samples being fetched at once.
         spawn: Starts a runner task (``TaskGroup.create_task``): runners belong to the epoch,
-            so a failure or cancellation of the epoch reaches them.
+            so a failure or cancellation of the epoch reaches them. Call :meth:`close` once
+            the last batch was passed to :meth:`fetch`, or parked runners wait for ever.
     """
 
     def __init__(
@@ -59,8 +62,10 @@ class Fetcher:
         self._get = get
         self._limit = io_concurrency
         self._spawn = spawn
-        self._queue: deque[tuple[_Batch, int]] = deque()
+        self._queue: deque[_Batch] = deque()  # batches with positions not yet taken
+        self._parked: list[asyncio.Future[None]] = []
         self._runners = 0
+        self._closed = False
         self.fetching = 0
         self.max_fetching = 0
 
@@ -72,33 +77,66 @@ class Fetcher:
         if not indices:
             return []
         batch = _Batch(seq, indices, asyncio.get_running_loop().create_future())
-        self._queue.extend((batch, pos) for pos in range(len(indices)))
-        while self._runners < self._limit and self._runners < len(self._queue):
-            try:
-                self._spawn(self._run(), name=f"fetch-runner:{self._runners}")
-            except RuntimeError:  # the TaskGroup is shutting down: this task is cancelled too
-                break
-            self._runners += 1
+        self._queue.append(batch)
+        self._serve(batch.size)
         try:
             return await batch.done
         finally:
             if not batch.done.done():  # cancelled: drop what is still queued of it
                 batch.done.cancel()
 
+    def close(self) -> None:
+        """No more batches will come: runners end once the queue is empty."""
+        self._closed = True
+        self._wake(len(self._parked))
+
+    def _serve(self, samples: int) -> None:
+        """Wakes parked runners, then starts new ones (up to the limit), one per new sample."""
+        samples -= self._wake(samples)
+        while samples > 0 and self._runners < self._limit:
+            try:
+                self._spawn(self._run(), name=f"fetch-runner:{self._runners}")
+            except RuntimeError:  # the TaskGroup is shutting down: this task is cancelled too
+                return
+            self._runners += 1
+            samples -= 1
+
+    def _wake(self, n: int) -> int:
+        woken = 0
+        while woken < n and self._parked:
+            parked = self._parked.pop()
+            if not parked.done():
+                parked.set_result(None)
+                woken += 1
+        return woken
+
     async def _run(self) -> None:
-        """Fetches queued samples one at a time until the queue is empty."""
+        """Fetches queued samples one at a time; parks while there are none."""
         queue, get = self._queue, self._get
         me = asyncio.current_task()
         assert me is not None
         try:
-            while queue:
-                batch, pos = queue.popleft()
-                if batch.done.done():  # failed or cancelled: skip the rest of it
+            while True:
+                if not queue:
+                    if self._closed:
+                        return
+                    parked = me.get_loop().create_future()
+                    self._parked.append(parked)
+                    await parked
                     continue
+                batch = queue[0]
+                done = batch.done
+                if done.done():  # failed or cancelled: skip the rest of it
+                    queue.popleft()
+                    continue
+                pos = batch.next
+                batch.next = pos + 1
+                if pos + 1 == batch.size:
+                    queue.popleft()
                 index = batch.indices[pos]
-                self.fetching += 1
-                if self.fetching > self.max_fetching:
-                    self.max_fetching = self.fetching
+                fetching = self.fetching = self.fetching + 1
+                if fetching > self.max_fetching:
+                    self.max_fetching = fetching
                 try:
                     sample = await get(index)
                 except asyncio.CancelledError as exc:
@@ -115,11 +153,11 @@ class Fetcher:
                     continue
                 finally:
                     self.fetching -= 1
-                if not batch.done.done():
+                if not done.done():
                     batch.samples[pos] = sample
                     batch.left -= 1
                     if batch.left == 0:
-                        batch.done.set_result(batch.samples)
+                        done.set_result(batch.samples)
         finally:
             self._runners -= 1
 

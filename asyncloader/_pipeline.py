@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import default_collate, default_convert
 
 from asyncloader._batches import map_batches, stream_batches
 from asyncloader._config import Config
@@ -42,6 +43,11 @@ from asyncloader._transform import Transformer
 from asyncloader._worker import BatchPlan, call_seeded
 from asyncloader.errors import AsyncLoaderError
 from asyncloader.sources import SourceKind
+
+#: Batches below this size that need only torch's default collate are collated on the event
+#: loop (see ``_transform``): small enough that the copy stays below torch's parallel grain
+#: size, so it never wakes the intra-op thread pool on the loop's thread.
+INLINE_COLLATE_BYTES = 64 * 1024
 
 PoolProvider = Callable[[BatchPlan], Awaitable[tuple[ProcessPool, bool]]]
 
@@ -251,6 +257,8 @@ class Epoch:
                         self._inflight[seq] = indices
                         tg.create_task(self._process(seq, indices, samples), name=f"batch:{seq}")
                         admitted += 1
+                    if self._fetcher is not None:
+                        self._fetcher.close()
                     self._buffer.finish(admitted)
             finally:
                 await batches.aclose()
@@ -305,7 +313,18 @@ class Epoch:
         else:
             thread = loader_threads(1, "asyncloader-transform")
             closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
-            self._transformer = Transformer(thread, cfg.transform_window, plan, epoch_seed)
+            inline = (
+                cfg.transform is None
+                and cfg.collate in (default_collate, default_convert)
+                and epoch_seed is None
+            )
+            self._transformer = Transformer(
+                thread,
+                cfg.transform_window,
+                plan,
+                epoch_seed,
+                inline_below=INLINE_COLLATE_BYTES if inline else 0,
+            )
 
     async def _process(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> None:
         """Takes one batch through fetch and transform and into the reorder buffer."""

@@ -196,7 +196,8 @@ class TensorValue:
         self.array = array
 
 
-def _nbytes(batch: Any) -> int:
+def nbytes(batch: Any) -> int:
+    """Bytes held by the tensors and numpy arrays in ``batch`` (any nesting)."""
     total = 0
 
     def count(x: Any) -> Any:
@@ -233,7 +234,7 @@ def to_shared(batch: Any) -> Any:
         OSError: Shared memory is full (ENOSPC), with how to make room.
     """
     found: list[bool] = []
-    if _nbytes(batch) < BY_VALUE_BYTES:
+    if nbytes(batch) < BY_VALUE_BYTES:
         packed = map_structure(batch, lambda x: _by_value(x, found))
         return WithArrays(packed) if found else packed
     try:

@@ -50,21 +50,38 @@ async def test_never_more_than_io_concurrency_fetches_at_once():
         assert gate.active == 5 and fetcher.fetching == 5
         gate.open.set()
         results = await asyncio.gather(*batches)
+        fetcher.close()
     assert results == [[0, 10, 20, 30], [40, 50, 60, 70]]
     assert gate.peak == 5 and fetcher.max_fetching == 5 and fetcher.fetching == 0
 
 
+def runner_tasks() -> list[asyncio.Task]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("fetch-runner")]
+
+
 @pytest.mark.asyncio
-async def test_runners_end_when_nothing_is_queued():
-    """Runners exit once the queue is empty, so the epoch's TaskGroup can finish."""
+async def test_runners_are_reused_across_batches_and_end_after_close():
+    """Idle runners park and serve the next batch (no task per sample); close() ends them."""
     gate = Gate()
     gate.open.set()
+    spawned = []
     async with asyncio.TaskGroup() as tg:
-        fetcher = Fetcher(gate.get, 64, tg.create_task)
-        assert await fetcher.fetch(0, [1, 2, 3]) == [10, 20, 30]
+
+        def spawn(coro, name):
+            spawned.append(name)
+            return tg.create_task(coro, name=name)
+
+        fetcher = Fetcher(gate.get, 4, spawn)
+        for seq in range(10):
+            assert await fetcher.fetch(seq, [seq, seq + 1, seq + 2]) == [
+                10 * seq,
+                10 * seq + 10,
+                10 * seq + 20,
+            ]
         await settle()
-        assert fetcher._runners == 0
-        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("fetch-runner")] == []
+        assert len(spawned) == 3 and len(runner_tasks()) == 3, "parked, not ended"
+        fetcher.close()
+    assert runner_tasks() == [] and fetcher._runners == 0
 
 
 @pytest.mark.asyncio
@@ -76,6 +93,7 @@ async def test_earlier_batches_are_fetched_first():
         fetcher = Fetcher(gate.get, 1, tg.create_task)
         tasks = [tg.create_task(fetcher.fetch(s, [s * 10, s * 10 + 1])) for s in range(4)]
         await asyncio.gather(*tasks)
+        fetcher.close()
     assert gate.calls == [0, 1, 10, 11, 20, 21, 30, 31]
 
 
@@ -85,7 +103,9 @@ async def test_a_failing_sample_returns_a_failure_naming_it():
     gate = Gate()
     gate.open.set()
     async with asyncio.TaskGroup() as tg:
-        result = await Fetcher(gate.get, 8, tg.create_task).fetch(3, [12, 13, 14])
+        fetcher = Fetcher(gate.get, 8, tg.create_task)
+        result = await fetcher.fetch(3, [12, 13, 14])
+        fetcher.close()
     assert isinstance(result, Failure)
     assert isinstance(result.exc, LookupError)
     assert "asyncloader: stage=fetch batch=3 index=13 indices=[12, 13, 14]" in result.exc.__notes__
@@ -102,6 +122,7 @@ async def test_after_a_failure_the_rest_of_the_batch_is_not_fetched():
         ok = tg.create_task(fetcher.fetch(1, [1, 2]))
         assert isinstance(await failed, Failure)
         assert await ok == [10, 20]
+        fetcher.close()
     assert gate.calls == [13, 1, 2]
 
 
@@ -114,6 +135,7 @@ async def test_a_source_raising_cancelled_error_fails_its_batch_instead_of_hangi
         fetcher = Fetcher(gate.get, 4, tg.create_task)
         result = await asyncio.wait_for(fetcher.fetch(2, [98, 99]), 10)
         assert await fetcher.fetch(3, [1]) == [10]
+        fetcher.close()
     assert isinstance(result, Failure) and isinstance(result.exc, AsyncLoaderError)
     assert "index=99" in result.exc.__notes__[0]
 
@@ -132,6 +154,7 @@ async def test_a_cancelled_fetch_drops_its_queued_samples():
         await settle()
         gate.open.set()
         assert await first == [10] and await kept == [40]
+        fetcher.close()
     assert dropped.cancelled()
     assert gate.calls == [1, 4]
 
@@ -152,5 +175,4 @@ async def test_cancelling_the_task_group_stops_runners_mid_fetch():
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert gate.active == 0
-    assert [t for t in asyncio.all_tasks() if t.get_name().startswith("fetch-runner")] == []
+    assert gate.active == 0 and runner_tasks() == []
