@@ -38,11 +38,22 @@ def settle(done: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
 def single_threaded_torch() -> None:
     """Initializer of the loader's threads: torch work there (collate's ``torch.stack``...)
     stays on that thread instead of waking the intra-op pool, whose spinning threads compete
-    with the event loop on small machines. The setting is per thread (as DataLoader's pin
-    thread relies on): the trainer's threads keep theirs."""
+    with the event loop on small machines. The setting is per thread, but it also becomes
+    the default of threads that have not used torch yet: see :func:`keep_torch_threads`."""
     import torch
 
     torch.set_num_threads(1)
+
+
+def keep_torch_threads() -> None:
+    """Fixes the calling (consumer's) thread's torch thread count before the loader's threads
+    start. torch sets a thread's count lazily, on its first parallel op, from the last value
+    any thread passed to ``torch.set_num_threads``: after :func:`single_threaded_torch` ran in
+    a loader thread, a trainer thread that had not used torch's pool yet would get 1 thread.
+    Reading the count sets it now, to torch's default (or the trainer's own setting)."""
+    import torch
+
+    torch.get_num_threads()
 
 
 def loader_threads(max_workers: int, name: str) -> ThreadPoolExecutor:

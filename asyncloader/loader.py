@@ -28,7 +28,7 @@ from asyncloader._state import (
     resume_point,
 )
 from asyncloader._sync import SyncIterator
-from asyncloader._threads import run_in_thread
+from asyncloader._threads import keep_torch_threads, run_in_thread
 from asyncloader._worker import BatchPlan
 
 _FORK = (
@@ -191,6 +191,7 @@ class AsyncLoader:
         return self._last.stats
 
     def _new_epoch(self) -> Epoch:
+        keep_torch_threads()  # on the consumer's thread, before the epoch starts any thread
         cfg = self._cfg
         resume, saved = self._resume, None
         self._resume = None
