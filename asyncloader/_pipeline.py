@@ -45,8 +45,8 @@ from asyncloader.errors import AsyncLoaderError
 from asyncloader.sources import SourceKind
 
 #: Batches below this size that need only torch's default collate are collated on the event
-#: loop (see ``_transform``): small enough that the copy stays below torch's parallel grain
-#: size, so it never wakes the intra-op thread pool on the loop's thread.
+#: loop (see ``_transform``): a copy of at most this much takes microseconds, less than the
+#: thread hops it saves, and is too small to be worth torch's intra-op thread pool.
 INLINE_COLLATE_BYTES = 64 * 1024
 
 PoolProvider = Callable[[BatchPlan], Awaitable[tuple[ProcessPool, bool]]]
