@@ -1,6 +1,7 @@
 """Fetcher: the io_concurrency bound, order of samples in a batch, failures, runner lifetime."""
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -33,6 +34,17 @@ class Gate:
             self.active -= 1
 
 
+@contextlib.asynccontextmanager
+async def running(get, io_concurrency: int):
+    """A Fetcher whose runners live in a TaskGroup, closed (so they end) on the way out."""
+    async with asyncio.TaskGroup() as tg:
+        fetcher = Fetcher(get, io_concurrency, tg.create_task)
+        try:
+            yield tg, fetcher
+        finally:
+            fetcher.close()
+
+
 async def settle() -> None:
     """Lets every ready task on the loop run until they all wait."""
     for _ in range(20):
@@ -43,14 +55,12 @@ async def settle() -> None:
 async def test_never_more_than_io_concurrency_fetches_at_once():
     """With all fetches held open, exactly io_concurrency of them are in flight."""
     gate = Gate()
-    async with asyncio.TaskGroup() as tg:
-        fetcher = Fetcher(gate.get, 5, tg.create_task)
+    async with running(gate.get, 5) as (tg, fetcher):
         batches = [tg.create_task(fetcher.fetch(s, list(range(s * 4, s * 4 + 4)))) for s in (0, 1)]
         await settle()
         assert gate.active == 5 and fetcher.fetching == 5
         gate.open.set()
         results = await asyncio.gather(*batches)
-        fetcher.close()
     assert results == [[0, 10, 20, 30], [40, 50, 60, 70]]
     assert gate.peak == 5 and fetcher.max_fetching == 5 and fetcher.fetching == 0
 
@@ -89,11 +99,9 @@ async def test_earlier_batches_are_fetched_first():
     """Samples are fetched in the order their batches were queued (FIFO across batches)."""
     gate = Gate()
     gate.open.set()
-    async with asyncio.TaskGroup() as tg:
-        fetcher = Fetcher(gate.get, 1, tg.create_task)
+    async with running(gate.get, 1) as (tg, fetcher):
         tasks = [tg.create_task(fetcher.fetch(s, [s * 10, s * 10 + 1])) for s in range(4)]
         await asyncio.gather(*tasks)
-        fetcher.close()
     assert gate.calls == [0, 1, 10, 11, 20, 21, 30, 31]
 
 
@@ -102,10 +110,8 @@ async def test_a_failing_sample_returns_a_failure_naming_it():
     """One failing sample turns the batch into a Failure naming stage, batch and index."""
     gate = Gate()
     gate.open.set()
-    async with asyncio.TaskGroup() as tg:
-        fetcher = Fetcher(gate.get, 8, tg.create_task)
+    async with running(gate.get, 8) as (_, fetcher):
         result = await fetcher.fetch(3, [12, 13, 14])
-        fetcher.close()
     assert isinstance(result, Failure)
     assert isinstance(result.exc, LookupError)
     assert "asyncloader: stage=fetch batch=3 index=13 indices=[12, 13, 14]" in result.exc.__notes__
@@ -116,13 +122,11 @@ async def test_after_a_failure_the_rest_of_the_batch_is_not_fetched():
     """Queued samples of a failed batch are skipped; the next batch is still served."""
     gate = Gate()
     gate.open.set()
-    async with asyncio.TaskGroup() as tg:
-        fetcher = Fetcher(gate.get, 1, tg.create_task)
+    async with running(gate.get, 1) as (tg, fetcher):
         failed = tg.create_task(fetcher.fetch(0, [13, 14, 15]))
         ok = tg.create_task(fetcher.fetch(1, [1, 2]))
         assert isinstance(await failed, Failure)
         assert await ok == [10, 20]
-        fetcher.close()
     assert gate.calls == [13, 1, 2]
 
 
@@ -131,11 +135,9 @@ async def test_a_source_raising_cancelled_error_fails_its_batch_instead_of_hangi
     """A CancelledError from the source (not a cancellation of the epoch) is a sample failure."""
     gate = Gate()
     gate.open.set()
-    async with asyncio.TaskGroup() as tg:
-        fetcher = Fetcher(gate.get, 4, tg.create_task)
+    async with running(gate.get, 4) as (_, fetcher):
         result = await asyncio.wait_for(fetcher.fetch(2, [98, 99]), 10)
         assert await fetcher.fetch(3, [1]) == [10]
-        fetcher.close()
     assert isinstance(result, Failure) and isinstance(result.exc, AsyncLoaderError)
     assert "index=99" in result.exc.__notes__[0]
 
@@ -144,8 +146,7 @@ async def test_a_source_raising_cancelled_error_fails_its_batch_instead_of_hangi
 async def test_a_cancelled_fetch_drops_its_queued_samples():
     """Cancelling one batch's fetch leaves its queued samples unfetched; others complete."""
     gate = Gate()
-    async with asyncio.TaskGroup() as tg:
-        fetcher = Fetcher(gate.get, 1, tg.create_task)
+    async with running(gate.get, 1) as (tg, fetcher):
         first = tg.create_task(fetcher.fetch(0, [1]))
         dropped = tg.create_task(fetcher.fetch(1, [2, 3]))
         kept = tg.create_task(fetcher.fetch(2, [4]))
@@ -154,7 +155,6 @@ async def test_a_cancelled_fetch_drops_its_queued_samples():
         await settle()
         gate.open.set()
         assert await first == [10] and await kept == [40]
-        fetcher.close()
     assert dropped.cancelled()
     assert gate.calls == [1, 4]
 
