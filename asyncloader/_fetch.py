@@ -9,8 +9,8 @@ no task, semaphore or TaskGroup per sample.
 
 ::
 
-    fetch(seq 0) ─► queue: (0,0) (0,1) … (1,0) (1,1) …  ◄─ fetch(seq 1)
-                          │ popped by a free runner, oldest first
+    fetch(seq 0) ─► queue: [batch 0: pos 0 1 …] [batch 1: pos 0 1 …]  ◄─ fetch(seq 1)
+                          │ the next position taken by a free runner, oldest batch first
                     runner 0 … runner io_concurrency-1   (await get(index), one at a time;
                           │                               parked while the queue is empty)
                           │ the batch's last sample
