@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import default_collate, default_convert
 
 from asyncloader._batches import map_batches, stream_batches
 from asyncloader._config import Config
@@ -43,11 +42,6 @@ from asyncloader._transform import Transformer
 from asyncloader._worker import BatchPlan, call_seeded
 from asyncloader.errors import AsyncLoaderError
 from asyncloader.sources import SourceKind
-
-#: Batches below this size that need only torch's default collate are collated on the event
-#: loop (see ``_transform``): a copy of at most this much takes microseconds, less than the
-#: thread hops it saves, and is too small to be worth torch's intra-op thread pool.
-INLINE_COLLATE_BYTES = 64 * 1024
 
 PoolProvider = Callable[[BatchPlan], Awaitable[tuple[ProcessPool, bool]]]
 
@@ -313,17 +307,8 @@ class Epoch:
         else:
             thread = loader_threads(1, "asyncloader-transform")
             closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
-            inline = (
-                cfg.transform is None
-                and cfg.collate in (default_collate, default_convert)
-                and epoch_seed is None
-            )
             self._transformer = Transformer(
-                thread,
-                cfg.transform_window,
-                plan,
-                epoch_seed,
-                inline_below=INLINE_COLLATE_BYTES if inline else 0,
+                thread, cfg.transform_window, plan, epoch_seed, inline=True
             )
 
     async def _process(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> None:

@@ -4,10 +4,11 @@ One task per batch runs :func:`asyncloader._worker.run_batch` (fetch when the ex
 the dataset, then transform and collate). At most ``window`` batches are in the executor at
 once: ``slots.value + submitted == window`` at every await point.
 
-A batch that only needs torch's default collate and is smaller than ``inline_below`` bytes is
-collated right on the event loop instead: a copy of a few KiB costs less than the two thread
-hops (and the GIL hand-offs) of a trip through the executor. There, :func:`collate_small`
-stacks numeric numpy samples in one numpy call instead of a tensor per sample.
+When the plan holds only torch's default collate (no dataset, no transform, no per-sample
+seeding), a batch smaller than :data:`INLINE_COLLATE_BYTES` may be collated right on the event
+loop instead: a copy of a few KiB costs less than the two thread hops (and the GIL hand-offs)
+of a trip through the executor. There, :func:`collate_small` stacks numeric numpy samples in
+one numpy call instead of a tensor per sample.
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import default_collate, default_convert
 
 from asyncloader._threads import run_in_thread
 from asyncloader._worker import BatchPlan, from_shared, nbytes, run_batch
 from asyncloader.errors import WorkerCrashedError
+
+#: Batches below this size that need only the default collate may be collated on the loop: a
+#: copy of at most this much takes microseconds, less than the thread hops it saves, and is
+#: too small to be worth torch's intra-op thread pool.
+INLINE_COLLATE_BYTES = 64 * 1024
 
 
 def collate_small(samples: list[Any]) -> Any:
@@ -52,16 +58,14 @@ class Transformer:
         window: Batches at most in the executor.
         plan: Sent with each task, or ``None`` when the executor's workers already hold it.
         crash_details: Called on a broken pool to describe the dead workers.
-        inline_below: Collate batches of fewer bytes (estimated from the first sample) on the
-            loop; 0 never does. Only for a plan with no transform, torch's default collate and
-            no per-sample seeding, whose cost is a copy of those bytes.
+        inline: May collate small batches on the loop (see the module docstring): only for
+            an executor of the loader's own threads, which the loop would otherwise wait on.
     """
 
     __slots__ = (
         "_crash_details",
         "_epoch_seed",
         "_executor",
-        "_inline_below",
         "_inline_plan",
         "_plan",
         "_slots",
@@ -74,13 +78,22 @@ class Transformer:
         plan: BatchPlan | None,
         epoch_seed: int | None = None,
         crash_details: Callable[[], str] | None = None,
-        inline_below: int = 0,
+        inline: bool = False,
     ) -> None:
         self._executor = executor
-        self._inline_below = inline_below
-        self._inline_plan = plan
-        if plan is not None and plan.collate is default_collate:
-            self._inline_plan = dataclasses.replace(plan, collate=collate_small)
+        # The plan to run on the loop, or None: collate must be all there is to do.
+        self._inline_plan: BatchPlan | None = None
+        if (
+            inline
+            and plan is not None
+            and plan.dataset is None
+            and plan.transform is None
+            and plan.collate in (default_collate, default_convert)
+            and epoch_seed is None
+        ):
+            self._inline_plan = plan
+            if plan.collate is default_collate:
+                self._inline_plan = dataclasses.replace(plan, collate=collate_small)
         self._slots = asyncio.Semaphore(window)
         self._plan = plan
         self._epoch_seed = epoch_seed
@@ -92,12 +105,9 @@ class Transformer:
         Raises:
             WorkerCrashedError: A worker process died while the pool held this batch.
         """
-        if (
-            self._inline_below
-            and samples
-            and nbytes(samples[0]) * len(samples) < self._inline_below
-        ):
-            return run_batch(self._inline_plan, seq, indices, samples, None)
+        inline = self._inline_plan
+        if inline and samples and nbytes(samples[0]) * len(samples) < INLINE_COLLATE_BYTES:
+            return run_batch(inline, seq, indices, samples, None)
         async with self._slots:
             try:  # submit() itself raises once the pool is broken
                 future = self._executor.submit(
