@@ -1,9 +1,9 @@
 """How long ``await asyncio.sleep(0.020)`` really takes, on uvloop and on asyncio's own loop.
 
 The io workload's async flavour waits with ``asyncio.sleep``; its blocking flavour with
-``time.sleep``. An event loop's timers fire late by up to a millisecond (uvloop and libuv
-keep time in whole milliseconds), so each 20 ms wave of requests lasts about 20.5 ms, which
-caps any asyncio loader below the workload's nominal 3,200/s at 64 in flight.
+``time.sleep``. An event loop's timers fire late by a fraction of a millisecond (uvloop, like
+libuv, keeps time in whole milliseconds), so each 20 ms wave of requests lasts 20.3-20.7 ms
+here, which caps any asyncio loader below the workload's nominal 3,200/s at 64 in flight.
 
 ``python -m benchmarks.sleep_precision [--waits N]``
 """
