@@ -30,6 +30,7 @@ import torch.multiprocessing  # registers torch's shared-memory tensor pickling
 from torch.utils.data._utils import worker as _torch_worker
 
 from asyncloader._failure import Failure
+from asyncloader._malloc import keep_freed_memory
 from asyncloader._structure import DESCEND, map_structure
 
 
@@ -142,6 +143,7 @@ def init_worker(
     slots[2 * worker_id], slots[2 * worker_id + 1] = os.getpid(), -1
     seed = base_seed + worker_id
     torch.set_num_threads(1)
+    keep_freed_memory()
     seed_all(seed)
     _plan = plan
     _info = WorkerInfo(worker_id, num_workers, seed, plan.dataset)

@@ -1,0 +1,83 @@
+"""Worker processes keep one batch's freed sample memory for the next batch."""
+
+import platform
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from asyncloader import AsyncLoader
+
+pytestmark = pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc's (mallopt)"
+)
+
+SAMPLES = 64
+SAMPLE_BYTES = 150 * 1024  # a 3x224x224 uint8 image: above glibc's default mmap threshold
+PAGES = SAMPLES * SAMPLE_BYTES // 4096
+
+
+def refaulted_pages() -> int:
+    """Allocates a batch of image-sized arrays, frees it, then counts the page faults of the
+    next such batch: about PAGES when freed memory went back to the kernel, near 0 if kept."""
+    import resource
+
+    import numpy as np
+
+    def batch() -> None:
+        samples = [np.full(SAMPLE_BYTES, i, dtype=np.uint8) for i in range(SAMPLES)]
+        del samples
+
+    batch()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    batch()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def faults_in_fresh_process(keep: bool) -> int:
+    """refaulted_pages() in a new interpreter (mallopt changes the whole process)."""
+    code = textwrap.dedent(
+        f"""
+        from asyncloader._malloc import keep_freed_memory
+        from tests.test_malloc import refaulted_pages
+        if {keep}:
+            assert keep_freed_memory()
+        print(refaulted_pages())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+    )
+    return int(out.stdout)
+
+
+def test_keep_freed_memory_stops_the_next_batch_faulting_its_pages_in_again():
+    """Without it, glibc returns a freed batch of 150 KiB samples to the kernel; with it, the
+    next batch reuses those pages."""
+    assert faults_in_fresh_process(keep=False) > PAGES // 2
+    assert faults_in_fresh_process(keep=True) < PAGES // 4
+
+
+class FaultCounter:
+    """Each sample is the page-fault count of a batch made after a first one was freed."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> int:
+        return refaulted_pages()
+
+
+def test_asyncloader_workers_keep_freed_memory():
+    """The loader's own worker processes run with the thresholds set."""
+    with AsyncLoader(FaultCounter(), batch_size=None, num_workers=1) as loader:
+        counts = [int(c) for c in loader]
+    assert len(counts) == 2
+    assert max(counts) < PAGES // 4, counts
