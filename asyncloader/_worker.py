@@ -134,7 +134,11 @@ def init_worker(
     plan: BatchPlan,
     worker_init_fn: Callable[[int], None] | None,
 ) -> None:
-    """Initializer of each pool process: takes an id, seeds, keeps the plan, calls the hook."""
+    """Initializer of each pool process: takes an id, seeds, keeps the plan, calls the hook.
+
+    It also makes malloc keep a batch's freed samples for the next batch
+    (:func:`asyncloader._malloc.keep_freed_memory`).
+    """
     global _info, _plan, _slots
     with counter.get_lock():
         worker_id = counter.value
