@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks import side_by_side
 from benchmarks.workloads import LATENCY_S, AsyncSleepSource
 
 
@@ -48,18 +49,15 @@ def main() -> None:
 
         print(json.dumps(uvloop.run(_bare(args.items, args.io_concurrency))))
         return
-    n, items = str(args.io_concurrency), str(args.items)
-    bare = ["--bare", "--items", items, "--io-concurrency", n]
-    commands = {
-        "bare uvloop": [sys.executable, "-m", "benchmarks.io_ceiling", *bare],
-        "asyncloader": [sys.executable, "-m", "benchmarks.run_one", "asyncloader", "io", n, items],
-    }
-    rates: dict[str, list[float]] = {name: [] for name in commands}
+    n, items = args.io_concurrency, args.items
+    bare = [sys.executable, "-m", "benchmarks.io_ceiling", "--bare"]
+    bare += ["--items", str(items), "--io-concurrency", str(n)]
+    rates: dict[str, list[float]] = {"bare uvloop": [], "asyncloader": []}
     for _ in range(args.reps):
-        for name, command in commands.items():
-            out = json.loads(subprocess.run(command, capture_output=True, text=True).stdout)
-            rates[name].append(out if isinstance(out, float) else out["items_per_s"])
-    limit = args.io_concurrency / LATENCY_S
+        out = subprocess.run(bare, capture_output=True, text=True, check=True).stdout
+        rates["bare uvloop"].append(json.loads(out))
+        rates["asyncloader"].append(side_by_side.run("asyncloader", "io", n, items)["items_per_s"])
+    limit = n / LATENCY_S
     print(f"io, {items} items, {n} in flight, {args.reps} fresh processes each (medians):")
     for name, values in rates.items():
         rate = statistics.median(values)

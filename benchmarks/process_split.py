@@ -10,7 +10,6 @@ context switches. Linux only (``/proc``).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import resource
 import subprocess
@@ -19,8 +18,8 @@ from typing import Any
 
 import psutil
 
-from benchmarks.checks import Checker
-from benchmarks.loaders import BUILDERS, import_library, make_dataset
+from benchmarks.loaders import BUILDERS
+from benchmarks.run_one import prepare
 from benchmarks.workloads import WORKLOADS
 
 
@@ -45,11 +44,7 @@ def _main_usage() -> tuple[float, int, int]:
 
 def one(loader: str, workload_name: str, setting: int, items: int) -> dict[str, Any]:
     """Consumes one epoch; returns the main process's and each child's share."""
-    workload = WORKLOADS[workload_name]
-    checker = Checker(items, workload.shape)
-    dataset = make_dataset(loader, workload, items, None)
-    import_library(loader)
-    gc.collect()
+    workload, checker, dataset = prepare(loader, workload_name, items, None)
     with BUILDERS[loader](workload, dataset, setting) as batches:
         it = iter(batches)
         checker.add(next(it))

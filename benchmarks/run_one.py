@@ -20,12 +20,13 @@ import resource
 import sys
 import time
 import warnings
+from typing import Any
 
 import psutil
 
 from benchmarks.checks import Checker
 from benchmarks.loaders import BUILDERS, import_library, make_dataset
-from benchmarks.workloads import WORKLOADS
+from benchmarks.workloads import WORKLOADS, Workload
 
 
 def tree_cpu_seconds() -> float:
@@ -47,8 +48,11 @@ def tree_cpu_seconds() -> float:
     return total
 
 
-def run(loader: str, workload_name: str, setting: int, items: int, port: int | None) -> dict:
-    """Builds the loader, consumes one epoch, checks it; returns the measurements."""
+def prepare(
+    loader: str, workload_name: str, items: int, port: int | None
+) -> tuple[Workload, Checker, Any]:
+    """Everything done before the clock starts: the data, the checker, the library imported
+    and the heap collected. Returns ``(workload, checker, dataset)``."""
     workload = WORKLOADS[workload_name]
     checker = Checker(items, workload.shape)
     dataset = make_dataset(loader, workload, items, port)
@@ -57,6 +61,12 @@ def run(loader: str, workload_name: str, setting: int, items: int, port: int | N
     # the first full collection of the process (~70 ms here) otherwise lands in whichever
     # loader allocates enough first: a one-off of the process, not a cost of the epoch.
     gc.collect()
+    return workload, checker, dataset
+
+
+def run(loader: str, workload_name: str, setting: int, items: int, port: int | None) -> dict:
+    """Builds the loader, consumes one epoch, checks it; returns the measurements."""
+    workload, checker, dataset = prepare(loader, workload_name, items, port)
     build = BUILDERS[loader]
     cpu0 = tree_cpu_seconds()
     t0 = time.perf_counter()
