@@ -5,7 +5,7 @@ Import everything from here::
     from asyncloader import AsyncLoader, get_worker_info
 """
 
-from asyncloader._pipeline import LoaderStats
+from asyncloader._stats import LoaderStats
 from asyncloader._worker import WorkerInfo, get_worker_info
 from asyncloader.errors import (
     AsyncLoaderError,

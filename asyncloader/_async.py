@@ -13,7 +13,8 @@ import weakref
 from typing import Any
 
 from asyncloader._device import hand_over
-from asyncloader._pipeline import Epoch, LoaderStats
+from asyncloader._epoch import Epoch
+from asyncloader._stats import LoaderStats
 from asyncloader.errors import LoaderTimeoutError
 
 
@@ -51,14 +52,14 @@ class AsyncIterator:
                 f"no batch within timeout={self._timeout}s while waiting for {waited}"
             ) from None
         except StopAsyncIteration:
-            self._epoch.finished = True
+            self._epoch.progress.finish()
             await self.aclose()
             raise
         except BaseException:
             await self.aclose()
             raise
         self._epoch.release()
-        self._epoch.delivered(seq)
+        self._epoch.progress.delivered(seq)
         return hand_over(batch)
 
     @property

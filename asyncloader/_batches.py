@@ -10,18 +10,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
-from asyncloader._config import Config
+from asyncloader._options import Options
+from asyncloader._progress import Progress
 from asyncloader._state import Resume
-from asyncloader._threads import loader_threads
-from asyncloader.sources import SourceKind
 
 Batch = tuple[int, Sequence[Any], list[Any] | None]
 
 
 async def map_batches(
-    cfg: Config, index_iter: Iterator[Any], resume: Resume
+    options: Options, index_iter: Iterator[Any], resume: Resume
 ) -> AsyncGenerator[Batch, None]:
     """Batches of indices from the (batch) sampler; samples are fetched later (None here)."""
     for seq in itertools.count():
@@ -34,33 +34,35 @@ async def map_batches(
             raise
         if seq < resume.start or seq in resume.skip:
             continue
-        yield seq, (indices if cfg.batched else [indices]), None
+        yield seq, (indices if options.batched else [indices]), None
 
 
 async def stream_batches(
-    cfg: Config,
+    options: Options,
     resume: Resume,
     first_seq: int,
-    states: dict[int, Any] | None,
-    closers: list[Callable[[], None]],
+    progress: Progress,
+    thread: Executor | None,
 ) -> AsyncGenerator[Batch, None]:
     """Batches of samples pulled from an iterable source; indices are stream offsets.
 
     Args:
         first_seq: The seq of the next batch the source will give (``resume.start`` when the
             source restored its own state, else 0 and earlier batches are pulled and dropped).
-        states: When the source keeps state, filled with ``seq -> source state before it``.
+        progress: Told the source's own state before each batch, when the source keeps one.
+        thread: Where a sync source is pulled (off the loop's thread); ``None`` for async ones.
     """
-    size = cfg.batch_size or 1
-    if cfg.kind is SourceKind.ITERABLE:
-        pull = _sync_puller(cfg.dataset, size, states is not None, closers)
-        source_ait = None
+    size = options.batch_size or 1
+    dataset, stateful = options.dataset, progress.tracks_source
+    source_ait = None
+    if thread is not None:
+        pull = _sync_puller(dataset, size, stateful, thread)
     else:
-        source_ait = aiter(cfg.dataset)
+        source_ait = aiter(dataset)
 
         async def pull() -> tuple[list[Any], Any]:
             items = await _take_async(source_ait, size)
-            return items, cfg.dataset.state_dict() if states is not None else None
+            return items, dataset.state_dict() if stateful else None
 
     try:
         for seq in itertools.count(first_seq):
@@ -69,10 +71,10 @@ async def stream_batches(
             except Exception as exc:
                 exc.add_note(f"asyncloader: stage=fetch stream_offset={seq * size}")
                 raise
-            if not samples or (cfg.drop_last and len(samples) < size):
+            if not samples or (options.drop_last and len(samples) < size):
                 return
-            if states is not None:
-                states[seq + 1] = state_after
+            if stateful:
+                progress.source_state_before(seq + 1, state_after)
             if seq < resume.start or seq in resume.skip:
                 continue
             yield seq, range(seq * size, seq * size + len(samples)), samples
@@ -82,12 +84,10 @@ async def stream_batches(
 
 
 def _sync_puller(
-    dataset: Any, size: int, stateful: bool, closers: list[Callable[[], None]]
+    dataset: Any, size: int, stateful: bool, thread: Executor
 ) -> Callable[[], Awaitable[tuple[list[Any], Any]]]:
-    """Pulls ``size`` items at a time from a sync iterable, off the loop's thread."""
+    """Pulls ``size`` items at a time from a sync iterable on ``thread``."""
     loop = asyncio.get_running_loop()
-    thread = loader_threads(1, "asyncloader-source")
-    closers.append(lambda: thread.shutdown(wait=True, cancel_futures=True))
     holder: list[Iterator[Any]] = []
 
     def take() -> tuple[list[Any], Any]:
@@ -107,20 +107,3 @@ async def _take_async(ait: Any, size: int) -> list[Any]:
         except StopAsyncIteration:
             break
     return samples
-
-
-def start_sampler(cfg: Config) -> Iterator[Any]:
-    """The (batch) sampler's iterator with its first element drawn now (errors kept for later)."""
-    it = iter(cfg.batch_sampler if cfg.batch_sampler is not None else cfg.sampler)
-    try:
-        first = next(it)
-    except StopIteration:
-        return iter(())
-    except Exception as exc:
-        return _raising(exc)
-    return itertools.chain((first,), it)
-
-
-def _raising(exc: Exception) -> Iterator[Any]:
-    raise exc
-    yield

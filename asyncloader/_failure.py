@@ -18,7 +18,7 @@ from asyncloader.errors import RemoteTraceback
 _MAX_INDICES_SHOWN = 16
 
 
-def describe(stage: str, seq: int, indices: Sequence[Any], index: Any = None) -> str:
+def failure_note(stage: str, seq: int, indices: Sequence[Any], index: Any = None) -> str:
     """The note added to a user exception: which stage failed on which samples."""
     shown = list(indices[:_MAX_INDICES_SHOWN])
     more = f" +{len(indices) - len(shown)} more" if len(indices) > len(shown) else ""
@@ -40,7 +40,7 @@ class Failure:
         cls, exc: BaseException, stage: str, seq: int, indices: Sequence[Any], index: Any = None
     ) -> Failure:
         """Annotates ``exc`` with the stage and samples and wraps it."""
-        exc.add_note(describe(stage, seq, indices, index))
+        exc.add_note(failure_note(stage, seq, indices, index))
         return cls(exc, "".join(traceback.format_exception(exc)))
 
     def reraise(self) -> NoReturn:
@@ -68,3 +68,27 @@ def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict, tb: s
     vars(exc).update(state)
     exc.__cause__ = RemoteTraceback(tb)
     return Failure(exc, tb)
+
+
+def unwrap_group(exc: BaseException) -> BaseException:
+    """The first leaf of a (nested) exception group: the error that started the failure.
+
+    The group's other leaves are not dropped: each is attached to the returned exception as a
+    note (``also raised: TypeName: message``), so a second failure in the same TaskGroup is
+    still reported. A plain exception is returned as it is.
+    """
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves = _leaves(exc)
+    if not leaves:
+        return exc
+    first = leaves[0]
+    for other in leaves[1:]:
+        first.add_note(f"asyncloader: also raised: {type(other).__qualname__}: {other}")
+    return first
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for member in exc.exceptions for leaf in _leaves(member)]
+    return [exc]

@@ -1,5 +1,9 @@
 """asyncloader's own worker processes: a ProcessPoolExecutor whose workers get the plan once.
 
+The local :class:`~asyncloader._engine.Engine`: a batch task carries only ``(seq, indices)``
+or the samples fetched on the loop, the plan having reached each worker through the
+initializer.
+
 Start-up and shutdown are blocking and run off the event loop (see ``_threads.run_in_thread``).
 Shutdown follows DataLoader's: workers are asked to exit after their current task, given a
 grace period, then terminated, then killed; every process and the pool's own threads are
@@ -12,12 +16,14 @@ import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from asyncloader._config import Config, default_mp_context
-from asyncloader._worker import BatchPlan, init_worker
+from asyncloader._compat import pool_is_broken, pool_manager_thread, pool_processes
+from asyncloader._options import Options, default_mp_context
+from asyncloader._plan import BatchPlan, run_batch
+from asyncloader._worker import Running, init_worker
 from asyncloader.errors import WorkerCrashedError
 
 SHUTDOWN_GRACE_S = 5.0
@@ -31,30 +37,29 @@ class ProcessPool:
     """``num_workers`` processes, each holding the batch plan, started eagerly.
 
     Args:
-        config: The loader's options (num_workers, mp_context, worker_init_fn).
+        options: The loader's options (num_workers, mp_context, worker_init_fn).
         plan: Sent to each worker once, at start.
         base_seed: Worker ``i`` seeds its RNGs with ``base_seed + i``.
-        ctx: The multiprocessing context; default ``config.mp_context`` or
+        ctx: The multiprocessing context; default ``options.mp_context`` or
             :func:`default_mp_context`.
     """
 
-    def __init__(self, config: Config, plan: BatchPlan, base_seed: int, ctx: Any = None) -> None:
-        ctx = ctx or config.mp_context or default_mp_context()
-        self.num_workers = config.num_workers
+    def __init__(self, options: Options, plan: BatchPlan, base_seed: int, ctx: Any = None) -> None:
+        ctx = ctx or options.mp_context or default_mp_context()
+        self.num_workers = options.num_workers
         self._counter = ctx.Value("i", 0)
-        # [pid, seq of the batch it runs or -1] per worker id, written by the workers.
-        self._slots = ctx.Array("q", 2 * config.num_workers, lock=False)
+        self._running = Running.allocate(ctx, options.num_workers)
         self.executor = ProcessPoolExecutor(
-            max_workers=config.num_workers,
+            max_workers=options.num_workers,
             mp_context=ctx,
             initializer=init_worker,
             initargs=(
                 self._counter,
-                self._slots,
-                config.num_workers,
+                self._running,
+                options.num_workers,
                 base_seed,
                 plan,
-                config.worker_init_fn,
+                options.worker_init_fn,
             ),
         )
         self._closed = False
@@ -76,12 +81,18 @@ class ProcessPool:
             ) from exc
         finally:
             # ProcessPoolExecutor forgets dead processes; keep ours to report exit codes and join.
-            self._processes = dict(getattr(self.executor, "_processes", None) or {})
+            self._processes = pool_processes(self.executor)
 
     @property
     def broken(self) -> bool:
         """A worker died; the executor accepts no more work."""
-        return bool(getattr(self.executor, "_broken", False))
+        return pool_is_broken(self.executor)
+
+    def submit(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, epoch_seed: int | None
+    ) -> Future[Any]:
+        """Runs batch ``seq`` in a worker, with the plan the worker holds."""
+        return self.executor.submit(run_batch, None, seq, indices, samples, epoch_seed)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         """Names the workers that died, how (exit code or signal) and the batch each held.
@@ -93,10 +104,10 @@ class ProcessPool:
         """
         # Read exit codes only once the executor's manager thread has reaped the pool: two
         # threads polling one forkserver sentinel race, and the loser records exit code 255.
-        manager = getattr(self.executor, "_executor_manager_thread", None)
+        manager = pool_manager_thread(self.executor)
         if manager is not None and manager is not threading.current_thread():
             manager.join(SHUTDOWN_GRACE_S)
-        running = {self._slots[2 * i]: self._slots[2 * i + 1] for i in range(self.num_workers)}
+        running = self._running.by_pid()
         dead = []
         for pid, proc in self._processes.items():
             code = proc.exitcode
@@ -126,9 +137,9 @@ class ProcessPool:
         self._closed = True
         executor = self.executor
         # ProcessPoolExecutor drops these references in shutdown(); keep them to join.
-        live = dict(getattr(executor, "_processes", None) or {})
+        live = pool_processes(executor)
         processes: list[Any] = list({**self._processes, **live}.values())
-        manager = getattr(executor, "_executor_manager_thread", None)
+        manager = pool_manager_thread(executor)
         executor.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + grace
         for proc in processes:

@@ -10,34 +10,14 @@ from __future__ import annotations
 
 import base64
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asyncloader._config import Config
+from asyncloader._options import Options
 
 STATE_VERSION = 1
-
-
-@dataclass
-class Cursor:
-    """The batches of one epoch the consumer has received: all below ``next``, and ``beyond``.
-
-    ``beyond`` is non-empty only with ``in_order=False``, and never larger than the window.
-    """
-
-    next: int = 0
-    beyond: set[int] = field(default_factory=set)
-
-    def add(self, seq: int) -> None:
-        if seq != self.next:
-            self.beyond.add(seq)
-            return
-        self.next += 1
-        while self.next in self.beyond:
-            self.beyond.remove(self.next)
-            self.next += 1
 
 
 @dataclass(frozen=True)
@@ -56,13 +36,6 @@ def is_stateful(source: Any) -> bool:
     )
 
 
-def capture_rng(generator: torch.Generator | None) -> tuple[str, torch.Tensor]:
-    """The state the epoch's random draws start from: the generator's, or torch's global one."""
-    if generator is not None:
-        return "generator", generator.get_state()
-    return "global", torch.get_rng_state()
-
-
 def encode_rng(rng: tuple[str, torch.Tensor] | None) -> dict | None:
     if rng is None:
         return None
@@ -77,22 +50,22 @@ def decode_rng(data: dict | None) -> tuple[str, torch.Tensor] | None:
     return data["kind"], torch.frombuffer(raw, dtype=torch.uint8).clone()
 
 
-def _num_replicas(cfg: Config) -> int | None:
-    return getattr(cfg.sampler, "num_replicas", None)
+def _num_replicas(options: Options) -> int | None:
+    return getattr(options.sampler, "num_replicas", None)
 
 
-def _batch_size(cfg: Config) -> int | None:
-    if cfg.batch_size is not None:
-        return cfg.batch_size
-    return getattr(cfg.batch_sampler, "batch_size", None)
+def _batch_size(options: Options) -> int | None:
+    if options.batch_size is not None:
+        return options.batch_size
+    return getattr(options.batch_sampler, "batch_size", None)
 
 
-def describe_config(cfg: Config) -> dict:
+def fingerprint(options: Options) -> dict:
     """What a state depends on: batches only line up again when these are unchanged."""
-    return {"batch_size": _batch_size(cfg), "num_replicas": _num_replicas(cfg)}
+    return {"batch_size": _batch_size(options), "num_replicas": _num_replicas(options)}
 
 
-def check_state(state: Any, cfg: Config) -> None:
+def check_state(state: Any, options: Options) -> None:
     """Validates a state dict against this loader before it is used.
 
     Raises:
@@ -106,7 +79,7 @@ def check_state(state: Any, cfg: Config) -> None:
             f"state version={state.get('version')!r} is not {STATE_VERSION}: it was not saved "
             "by this asyncloader"
         )
-    for name, now in describe_config(cfg).items():
+    for name, now in fingerprint(options).items():
         saved = state.get(name)
         if saved != now:
             raise ValueError(
@@ -114,9 +87,9 @@ def check_state(state: Any, cfg: Config) -> None:
                 "batches would not line up; resume with the same value"
             )
     behind = state["next_batch"] > 0 or state["delivered_beyond"]
-    if behind and not cfg.kind.is_map and not is_stateful(cfg.dataset):
+    if behind and not options.kind.is_map and not is_stateful(options.dataset):
         warnings.warn(
-            f"{type(cfg.dataset).__qualname__} has no state_dict()/load_state_dict(): resuming "
+            f"{type(options.dataset).__qualname__} has no state_dict()/load_state_dict(): resuming "
             f"replays it from the start, pulling and dropping {state['next_batch']} batches",
             UserWarning,
             stacklevel=3,

@@ -24,7 +24,7 @@ import weakref
 from typing import Any
 
 from asyncloader._device import hand_over
-from asyncloader._pipeline import Epoch
+from asyncloader._epoch import Epoch
 from asyncloader._threads import new_event_loop
 from asyncloader.errors import LoaderTimeoutError
 
@@ -112,14 +112,14 @@ class SyncIterator:
             ) from None
         if kind == _ITEM:
             seq, batch = payload
-            self._epoch.delivered(seq)
+            self._epoch.progress.delivered(seq)
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._epoch.release)
             return hand_over(batch)
         self.close()
         if kind == _ERROR:
             raise payload
-        self._epoch.finished = True
+        self._epoch.progress.finish()
         raise StopIteration
 
     @property

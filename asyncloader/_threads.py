@@ -61,6 +61,30 @@ def loader_threads(max_workers: int, name: str) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers, name, initializer=single_threaded_torch)
 
 
+def _outcome(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    """``fn()``'s result or exception, whichever it gave."""
+    try:
+        return fn(), None
+    except BaseException as exc:
+        return None, exc
+
+
+def call_in_thread(fn: Callable[[], T], name: str) -> T:
+    """Runs blocking ``fn`` on a new thread named ``name`` and waits for it (blocking).
+
+    For work that must not run on the calling thread, e.g. ``asyncio.run`` from code that may
+    itself run inside an event loop. ``fn``'s exception is raised here.
+    """
+    box: list[tuple[Any, BaseException | None]] = []
+    thread = threading.Thread(target=lambda: box.append(_outcome(fn)), name=name, daemon=True)
+    thread.start()
+    thread.join()
+    result, exc = box[0]
+    if exc is not None:
+        raise exc
+    return result
+
+
 async def run_in_thread(fn: Callable[[], T], name: str) -> T:
     """Runs blocking ``fn`` on a new thread named ``name`` and awaits it without blocking the loop.
 
@@ -71,10 +95,7 @@ async def run_in_thread(fn: Callable[[], T], name: str) -> T:
     done: asyncio.Future[Any] = loop.create_future()
 
     def target() -> None:
-        try:
-            result, exc = fn(), None
-        except BaseException as e:
-            result, exc = None, e
+        result, exc = _outcome(fn)
         with contextlib.suppress(RuntimeError):  # the loop closed while we ran
             loop.call_soon_threadsafe(settle, done, result, exc)
 

@@ -1,8 +1,8 @@
 """Executor offload with a bounded in-flight window.
 
-One task per batch runs :func:`asyncloader._worker.run_batch` (fetch when the executor holds
-the dataset, then transform and collate). At most ``window`` batches are in the executor at
-once: ``slots.value + submitted == window`` at every await point.
+One task per batch runs :func:`asyncloader._plan.run_batch` on the epoch's engine (fetch when
+the engine holds the dataset, then transform and collate). At most ``window`` batches are in
+the engine at once: ``room.value + submitted == window`` at every await point.
 
 When the plan holds only torch's default collate (no dataset, no transform, no per-sample
 seeding), a batch smaller than :data:`INLINE_COLLATE_BYTES` may be collated right on the event
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from collections.abc import Mapping, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -24,8 +23,10 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, default_convert
 
+from asyncloader._engine import Engine
+from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._threads import run_in_thread
-from asyncloader._worker import BatchPlan, from_shared, nbytes, run_batch
+from asyncloader._transport import from_shared, nbytes
 from asyncloader.errors import WorkerCrashedError
 
 #: Batches below this size that need only the default collate may be collated on the loop: a
@@ -50,74 +51,70 @@ def collate_small(samples: list[Any]) -> Any:
     return default_collate(samples)
 
 
+def inline_plan(plan: BatchPlan, epoch_seed: int | None) -> BatchPlan | None:
+    """The plan to run on the loop for small batches, or None: collate must be all there is to
+    do (no dataset, no transform, no per-sample seeding, torch's default collate)."""
+    if (
+        plan.dataset is not None
+        or plan.transform is not None
+        or plan.collate not in (default_collate, default_convert)
+        or epoch_seed is not None
+    ):
+        return None
+    if plan.collate is default_collate:
+        return dataclasses.replace(plan, collate=collate_small)
+    return plan
+
+
 class Transformer:
-    """Submits batches to ``executor``, at most ``window`` at once.
+    """Submits batches to ``engine``, at most ``window`` at once.
 
     Args:
-        executor: Where batches are processed.
-        window: Batches at most in the executor.
-        plan: Sent with each task, or ``None`` when the executor's workers already hold it.
-        crash_details: Called on a broken pool to describe the dead workers.
-        inline: May collate small batches on the loop (see the module docstring): only for
-            an executor of the loader's own threads, which the loop would otherwise wait on.
+        engine: Where batches are processed.
+        window: Batches at most in the engine.
+        epoch_seed: Per-sample seeds derive from it (``seed_per_sample``), or ``None``.
+        inflight: seq -> indices of the batches not yet handed to the consumer (for crash
+            reports).
+        inline: A plan (from :func:`inline_plan`) under which small batches are collated on
+            the loop: only for an engine of the loader's own threads, which the loop would
+            otherwise wait on.
     """
 
-    __slots__ = (
-        "_crash_details",
-        "_epoch_seed",
-        "_executor",
-        "_inline_plan",
-        "_plan",
-        "_slots",
-    )
+    __slots__ = ("_engine", "_epoch_seed", "_inflight", "_inline", "_room")
 
     def __init__(
         self,
-        executor: Executor,
+        engine: Engine,
         window: int,
-        plan: BatchPlan | None,
-        epoch_seed: int | None = None,
-        crash_details: Callable[[], str] | None = None,
-        inline: bool = False,
+        epoch_seed: int | None,
+        inflight: Mapping[int, Sequence[Any]],
+        inline: BatchPlan | None = None,
     ) -> None:
-        self._executor = executor
-        # The plan to run on the loop, or None: collate must be all there is to do.
-        self._inline_plan: BatchPlan | None = None
-        if (
-            inline
-            and plan is not None
-            and plan.dataset is None
-            and plan.transform is None
-            and plan.collate in (default_collate, default_convert)
-            and epoch_seed is None
-        ):
-            self._inline_plan = plan
-            if plan.collate is default_collate:
-                self._inline_plan = dataclasses.replace(plan, collate=collate_small)
-        self._slots = asyncio.Semaphore(window)
-        self._plan = plan
+        self._engine = engine
+        self._room = asyncio.Semaphore(window)
         self._epoch_seed = epoch_seed
-        self._crash_details = crash_details
+        self._inflight = inflight
+        self._inline = inline
 
     async def run(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
         """Returns batch ``seq`` (or its Failure).
 
         Raises:
-            WorkerCrashedError: A worker process died while the pool held this batch.
+            WorkerCrashedError: A worker process died while the engine held this batch.
         """
-        inline = self._inline_plan
+        inline = self._inline
         if inline and samples and nbytes(samples[0]) * len(samples) < INLINE_COLLATE_BYTES:
             return run_batch(inline, seq, indices, samples, None)
-        async with self._slots:
+        async with self._room:
             try:  # submit() itself raises once the pool is broken
-                future = self._executor.submit(
-                    run_batch, self._plan, seq, indices, samples, self._epoch_seed
-                )
+                future = self._engine.submit(seq, indices, samples, self._epoch_seed)
                 return from_shared(await asyncio.wrap_future(future))
             except BrokenProcessPool as exc:
-                details = str(exc)
-                if self._crash_details is not None:
-                    details = await run_in_thread(self._crash_details, "asyncloader-crash")
+                engine, inflight = self._engine, self._inflight
+                details = await run_in_thread(
+                    lambda: engine.describe_crash(inflight), "asyncloader-crash"
+                )
                 raise WorkerCrashedError(
-                    f"{details}. The pool is discarded: iterate the loader again for a fresh one."
+                    f"{details or exc}. The pool is discarded: iterate the loader again for a "
+                    "fresh one."
                 ) from exc

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-import threading
-import warnings
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -14,54 +11,14 @@ from typing import Any
 import torch
 
 from asyncloader._async import AsyncIterator
-from asyncloader._batches import start_sampler
-from asyncloader._config import build_config, fork_is_safe
-from asyncloader._pipeline import Epoch, LoaderStats, PoolProvider, batch_plan
-from asyncloader._pool import ProcessPool
-from asyncloader._state import (
-    STATE_VERSION,
-    capture_rng,
-    check_state,
-    decode_rng,
-    describe_config,
-    encode_rng,
-    resume_point,
-)
+from asyncloader._epoch import Epoch
+from asyncloader._options import Options
+from asyncloader._start import capture_rng, start_epoch
+from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerprint
+from asyncloader._stats import LoaderStats
 from asyncloader._sync import SyncIterator
 from asyncloader._threads import keep_torch_threads, run_in_thread
-from asyncloader._worker import BatchPlan
-
-_FORK = (
-    multiprocessing.get_context("fork")
-    if "fork" in multiprocessing.get_all_start_methods()
-    else None
-)
-
-
-def _draw_seed(generator: torch.Generator | None) -> int:
-    """A base seed drawn as DataLoader draws it, so a seeded generator gives the same shuffle."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-class _Resources:
-    """What a loader owns beyond one epoch: the persistent pool. Shared with its finalizer."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pool: ProcessPool | None = None
-
-    def close(self, warn: bool = False) -> None:
-        with self.lock:
-            pool, self.pool = self.pool, None
-        if pool is not None:
-            if warn:
-                warnings.warn(
-                    "AsyncLoader with persistent_workers was never closed; call close() or use "
-                    "it as a context manager",
-                    ResourceWarning,
-                    stacklevel=2,
-                )
-            pool.shutdown()
+from asyncloader._workers import Workers
 
 
 class AsyncLoader:
@@ -144,8 +101,8 @@ class AsyncLoader:
         generator: torch.Generator | None = None,
         seed_per_sample: bool = False,
     ) -> None:
-        self._cfg = build_config(
-            dataset,
+        self._options = Options(
+            dataset=dataset,
             batch_size=batch_size, shuffle=shuffle, sampler=sampler,
             batch_sampler=batch_sampler, drop_last=drop_last, collate_fn=collate_fn,
             transform=transform, num_workers=num_workers, executor=executor,
@@ -154,79 +111,51 @@ class AsyncLoader:
             worker_init_fn=worker_init_fn, persistent_workers=persistent_workers,
             mp_context=mp_context, generator=generator, seed_per_sample=seed_per_sample,
         )  # fmt: skip
-        self._resources = _Resources()
-        self._finalizer = weakref.finalize(self, self._resources.close, True)
+        self._workers = Workers(self._options)
+        self._finalizer = weakref.finalize(self, self._workers.close, True)
         self._iterators: weakref.WeakSet[SyncIterator] = weakref.WeakSet()
         self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self._last: Epoch | None = None
-        self._persistent_seed: int | None = None
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
 
     # DataLoader's attributes, read-only.
-    dataset = property(lambda self: self._cfg.dataset)
-    batch_size = property(lambda self: self._cfg.batch_size)
-    drop_last = property(lambda self: self._cfg.drop_last)
-    sampler = property(lambda self: self._cfg.sampler)
-    batch_sampler = property(lambda self: self._cfg.batch_sampler)
-    num_workers = property(lambda self: self._cfg.num_workers)
-    generator = property(lambda self: self._cfg.generator)
+    dataset = property(lambda self: self._options.dataset)
+    batch_size = property(lambda self: self._options.batch_size)
+    drop_last = property(lambda self: self._options.drop_last)
+    sampler = property(lambda self: self._options.sampler)
+    batch_sampler = property(lambda self: self._options.batch_sampler)
+    num_workers = property(lambda self: self._options.num_workers)
+    generator = property(lambda self: self._options.generator)
 
     def __len__(self) -> int:
         """Batches per epoch. Raises TypeError when the source has no length."""
-        cfg = self._cfg
-        if cfg.kind.is_map:
-            return len(cfg.batch_sampler if cfg.batch_sampler is not None else cfg.sampler)
-        n = len(cfg.dataset)
-        if cfg.batch_size is None:
+        options = self._options
+        if options.kind.is_map:
+            sampler = (
+                options.batch_sampler if options.batch_sampler is not None else options.sampler
+            )
+            return len(sampler)
+        n = len(options.dataset)
+        if options.batch_size is None:
             return n
-        return n // cfg.batch_size if cfg.drop_last else -(-n // cfg.batch_size)
+        return n // options.batch_size if options.drop_last else -(-n // options.batch_size)
 
     @property
     def stats(self) -> LoaderStats:
         """Counters of the current (or last) epoch: window, high-water marks, batches."""
         if self._last is None:
-            cfg = self._cfg
-            return LoaderStats(cfg.window, 0, cfg.io_concurrency, 0, 0)
+            options = self._options
+            return LoaderStats(options.window, 0, options.io_concurrency, 0, 0)
         return self._last.stats
 
     def _new_epoch(self) -> Epoch:
+        """Starts the next epoch (or the resumed one) on the consumer's thread."""
         keep_torch_threads()  # on the consumer's thread, before the epoch starts any thread
-        cfg = self._cfg
-        resume, saved = self._resume, None
-        self._resume = None
-        rng = decode_rng(resume["rng"]) if resume else None
-        if rng is not None and rng[0] == "generator" and cfg.generator is not None:
-            cfg.generator.set_state(rng[1])
-        if rng is not None and rng[0] == "global":
-            saved = torch.get_rng_state()
-            torch.set_rng_state(rng[1])
-        try:
-            rng = capture_rng(cfg.generator)
-            seed = _draw_seed(cfg.generator)  # before the sampler draws, as DataLoader does
-            # Start the sampler here, on the consumer's thread, so that its draws happen now
-            # (as in DataLoader) and not whenever the loop thread gets to them.
-            index_iter = start_sampler(cfg) if cfg.kind.is_map else None
-        finally:
-            if saved is not None:
-                torch.set_rng_state(saved)
-        base_seed = seed
-        if cfg.num_workers and cfg.persistent_workers:
-            if self._persistent_seed is None:
-                self._persistent_seed = seed
-            base_seed = self._persistent_seed
-        self._epoch = resume["epoch"] if resume else self._epoch + 1
-        acquire: PoolProvider = lambda plan: self._acquire_pool(plan, base_seed)  # noqa: E731
-        if cfg.num_workers and cfg.mp_context is None and fork_is_safe():
-            acquire = self._forked_now(base_seed)
-        self._last = Epoch(
-            cfg,
-            acquire,
-            seed,
-            rng=rng,
-            index_iter=index_iter,
-            resume=resume_point(resume) if resume else None,
-        )
+        resume, self._resume = self._resume, None
+        start = start_epoch(self._options, self._epoch + 1, resume)
+        self._epoch = start.number
+        self._last = Epoch(self._options, start, self._workers.lease(start.seed))
         self._epochs.add(self._last)
         return self._last
 
@@ -238,19 +167,20 @@ class AsyncLoader:
         before the first batch not delivered. Batches in flight are not part of it: they are
         fetched again on resume.
         """
-        cfg, epoch = self._cfg, self._last
-        if epoch is not None and not epoch.finished:
-            position = {"epoch": self._epoch, "rng": encode_rng(epoch.rng), **epoch.checkpoint()}
+        options, epoch = self._options, self._last
+        if epoch is not None and not epoch.progress.finished:
+            rng = epoch.start_info.rng
+            position = {"epoch": self._epoch, "rng": encode_rng(rng), **epoch.progress.checkpoint()}
         else:
-            rng = capture_rng(cfg.generator) if cfg.generator is not None else None
+            next_rng = capture_rng(options.generator) if options.generator is not None else None
             position = {
                 "epoch": self._epoch + 1,
-                "rng": encode_rng(rng),
+                "rng": encode_rng(next_rng),
                 "next_batch": 0,
                 "delivered_beyond": [],
                 "source_state": None,
             }
-        return {"version": STATE_VERSION, **describe_config(cfg), **position}
+        return {"version": STATE_VERSION, **fingerprint(options), **position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next iteration continue exactly where ``state`` was saved.
@@ -263,60 +193,14 @@ class AsyncLoader:
             TypeError: ``state`` is not a dict.
             ValueError: It comes from another version, batch size or world size.
         """
-        check_state(state, self._cfg)
+        check_state(state, self._options)
         self._resume = state
 
-    def _forked_now(self, base_seed: int) -> PoolProvider:
-        """Forks the workers now, before the epoch starts any thread: as quick as DataLoader's
-        start, without fork's danger (no other thread can be holding a lock). A failure to
-        start is raised from the epoch's first step, as with the other start methods."""
-        pool, owned = self._pool_for(batch_plan(self._cfg), base_seed, _FORK)
-        try:
-            pool.start()
-            failure = None
-        except Exception as exc:
-            failure = exc
-            if owned:
-                pool.shutdown()
-
-        async def acquire(plan: BatchPlan) -> tuple[ProcessPool, bool]:
-            if failure is not None:
-                raise failure
-            return pool, owned
-
-        return acquire
-
-    def _pool_for(
-        self, plan: BatchPlan, base_seed: int, ctx: Any = None
-    ) -> tuple[ProcessPool, bool]:
-        """A new pool owned by the epoch, or the persistent one (replaced when broken)."""
-        cfg, res = self._cfg, self._resources
-        if not cfg.persistent_workers:
-            return ProcessPool(cfg, plan, base_seed, ctx), True
-        with res.lock:
-            stale = res.pool if res.pool is not None and res.pool.broken else None
-            if res.pool is None or stale is not None:
-                res.pool = ProcessPool(cfg, plan, base_seed, ctx)
-            pool = res.pool
-        if stale is not None:
-            stale.shutdown()  # already dead workers: quick
-        return pool, False
-
-    async def _acquire_pool(self, plan: BatchPlan, base_seed: int) -> tuple[ProcessPool, bool]:
-        pool, owned = self._pool_for(plan, base_seed)
-        try:
-            await run_in_thread(pool.start, "asyncloader-start")
-        except BaseException:
-            if owned:
-                await run_in_thread(pool.shutdown, "asyncloader-reaper")
-            raise
-        return pool, owned
-
     def __aiter__(self) -> AsyncIterator:
-        return AsyncIterator(self._new_epoch(), self._cfg.timeout)
+        return AsyncIterator(self._new_epoch(), self._options.timeout)
 
     def __iter__(self) -> SyncIterator:
-        it = SyncIterator(self._new_epoch(), self._cfg.timeout)
+        it = SyncIterator(self._new_epoch(), self._options.timeout)
         self._iterators.add(it)
         return it
 
@@ -328,7 +212,7 @@ class AsyncLoader:
         for it in list(self._iterators):
             it.close()
         self._finalizer.detach()
-        self._resources.close()
+        self._workers.close()
 
     async def aclose(self) -> None:
         """Stops every running epoch (a ``break`` already cancelled, too) and the persistent
@@ -340,7 +224,7 @@ class AsyncLoader:
         for it in list(self._iterators):
             await run_in_thread(it.close, "asyncloader-reaper")
         self._finalizer.detach()
-        await run_in_thread(self._resources.close, "asyncloader-reaper")
+        await run_in_thread(self._workers.close, "asyncloader-reaper")
 
     def __enter__(self) -> AsyncLoader:
         return self

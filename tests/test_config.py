@@ -101,4 +101,4 @@ def test_len_matches_dataloader(dataset, kwargs):
 def test_device_is_normalised():
     """device accepts a string and exposes a torch.device."""
     loader = AsyncLoader(DS, device="cpu")
-    assert loader._cfg.device == torch.device("cpu")
+    assert loader._options.device == torch.device("cpu")

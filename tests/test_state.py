@@ -49,7 +49,7 @@ def check_resume(make_loader, points, save_with=None, resume_with=None):
         second = make_loader(**(resume_with or {}))
         second.load_state_dict(state)
         rest = [flat(b) for b in second]
-        if first._cfg.in_order:
+        if first._options.in_order:
             assert seen == reference[:k], k
             assert rest == reference[k:], k
         else:

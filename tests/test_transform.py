@@ -70,6 +70,7 @@ class RecordingSource:
 
 def collate_threads(monkeypatch, loader) -> tuple[list, set[str]]:
     """Runs one epoch; returns its batches and the names of the threads that collated."""
+    import asyncloader._engine as engine
     import asyncloader._transform as transform
 
     names: set[str] = set()
@@ -80,7 +81,8 @@ def collate_threads(monkeypatch, loader) -> tuple[list, set[str]]:
         return original_small(samples)
 
     monkeypatch.setattr(transform, "collate_small", small)
-    # The thread path runs the plan's collate: torch's default_collate, recorded via run_batch.
+    # The thread path runs the plan's collate: torch's default_collate, recorded via run_batch
+    # (the engine's on the transform thread, the Transformer's on the loop).
     original_run = transform.run_batch
 
     def run_batch(plan, *args):
@@ -89,6 +91,7 @@ def collate_threads(monkeypatch, loader) -> tuple[list, set[str]]:
         return original_run(plan, *args)
 
     monkeypatch.setattr(transform, "run_batch", run_batch)
+    monkeypatch.setattr(engine, "run_batch", run_batch)
     return list(loader), names
 
 

@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DistributedSampler, default_collate
 
 from asyncloader import AsyncLoader, WorkerCrashedError, get_worker_info
-from asyncloader._config import default_mp_context
-from asyncloader._worker import to_shared
+from asyncloader._options import default_mp_context
+from asyncloader._transport import to_shared
 from tests.helpers import (
     AsyncSource,
     DieAt,

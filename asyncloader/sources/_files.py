@@ -52,11 +52,11 @@ class FileClient:
         self.redact = Redactor()
 
     @staticmethod
-    def describe(target: str) -> str:
+    def shown(target: str) -> str:
         return target.removeprefix("file://")
 
     async def read(self, target: str, start: int | None, length: int | None) -> bytes:
-        path = self.describe(target)
+        path = self.shown(target)
         size = (await aiofiles.os.stat(path)).st_size
         first = start or 0
         check_size(size - first if length is None else length, self.max_object_size, path)
@@ -68,7 +68,7 @@ class FileClient:
     async def stream(
         self, target: str, start: int, pin: dict[str, Any]
     ) -> AsyncGenerator[bytes, None]:
-        path, pos = self.describe(target), start
+        path, pos = self.shown(target), start
         while chunk := await _read(path, pos, _CHUNK):
             pos += len(chunk)
             yield chunk

@@ -94,7 +94,7 @@ class HTTPClient:
     async def _shut(session: aiohttp.ClientSession) -> None:
         await session.close()
 
-    def describe(self, target: str) -> str:
+    def shown(self, target: str) -> str:
         return redact_url(target)
 
     @staticmethod
@@ -130,7 +130,7 @@ class HTTPClient:
             body: bytes | bytearray
             if declared is not None:
                 # Size known and checked: one read into one buffer (the common, fast path).
-                check_size(declared - drop, self.max_object_size, lambda: self.describe(target))
+                check_size(declared - drop, self.max_object_size, lambda: self.shown(target))
                 body = await resp.read()
             else:
                 body = bytearray()
@@ -138,7 +138,7 @@ class HTTPClient:
                     body += chunk
                     if self.max_object_size is not None and len(body) - drop > self.max_object_size:
                         check_size(
-                            len(body) - drop, self.max_object_size, lambda: self.describe(target)
+                            len(body) - drop, self.max_object_size, lambda: self.shown(target)
                         )
             if declared is not None and len(body) != declared and _identity(resp):
                 raise Transient(f"truncated body: {len(body)} of {declared} bytes")

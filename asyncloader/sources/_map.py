@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from asyncloader.errors import FetchError
 from asyncloader.sources._redact import Redactor, url_secrets
-from asyncloader.sources._retry import Attempts, Retry, describe, retrying
+from asyncloader.sources._retry import Attempts, Retry, describe_cause, retrying
 from asyncloader.sources._skips import Skipped, Skips
 
 Item = tuple[str, int | None, int | None]
@@ -27,7 +27,7 @@ class Client(Protocol):
 
     redact: Redactor
 
-    def describe(self, target: str) -> str:
+    def shown(self, target: str) -> str:
         """``target`` as it may be shown: credentials and query values hidden."""
         ...
 
@@ -87,7 +87,31 @@ def parse_items(items: Sequence[Any], what: str) -> list[Item]:
     return out
 
 
-class RemoteMap:
+class ClientSource:
+    """What every source reading through a :class:`Client` reports, and how it closes.
+
+    Subclasses set ``_client`` and ``_skips`` (a :class:`Skips`).
+    """
+
+    _client: Client
+    _skips: Skips
+
+    @property
+    def skipped(self) -> int:
+        """Samples skipped so far under ``on_error="skip"`` (this process, this source)."""
+        return self._skips.count
+
+    @property
+    def skip_log(self) -> list[str]:
+        """The last few skips: ``"target: reason"``."""
+        return list(self._skips.recent)
+
+    async def aclose(self) -> None:
+        """Closes the connection pool of the running loop (otherwise closed at loop shutdown)."""
+        await self._client.aclose()
+
+
+class RemoteMap(ClientSource):
     """An async map-style source over ``items`` read through ``client``.
 
     Item ``i`` is the bytes of ``items[i]`` (or ``decode(bytes)``). See the public subclasses.
@@ -123,7 +147,7 @@ class RemoteMap:
         target, start, length = self._items[index]
         client = self._client
         attempts = Attempts(
-            lambda: client.describe(target),
+            lambda: client.shown(target),
             self._retry,
             lambda: client.redact.extended(url_secrets(target)),
         )
@@ -138,7 +162,7 @@ class RemoteMap:
         try:
             return self._decode(data)
         except Exception as exc:
-            reason = describe(exc, attempts.redact)
+            reason = describe_cause(exc, attempts.redact)
             if self._skips.absorb(exc, attempts.target, f"decode failed: {reason}"):
                 return Skipped(index, attempts.target, reason)
             raise
@@ -146,21 +170,7 @@ class RemoteMap:
     @property
     def targets(self) -> list[str]:
         """The items' URLs, keys or paths, redacted, in index order."""
-        return [self._client.describe(target) for target, _, _ in self._items]
-
-    @property
-    def skipped(self) -> int:
-        """Samples skipped so far under ``on_error="skip"`` (this process, this source)."""
-        return self._skips.count
-
-    @property
-    def skip_log(self) -> list[str]:
-        """The last few skips: ``"target: reason"``."""
-        return list(self._skips.recent)
-
-    async def aclose(self) -> None:
-        """Closes the connection pool of the running loop (otherwise closed at loop shutdown)."""
-        await self._client.aclose()
+        return [self._client.shown(target) for target, _, _ in self._items]
 
     def __repr__(self) -> str:
         skip = f", skipped={self.skipped}" if self._skips.on_error == "skip" else ""

@@ -17,10 +17,11 @@ refused without a HEAD and without reading it all.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import Any
 
+from asyncloader._compat import s3fs_client
+from asyncloader._threads import call_in_thread
 from asyncloader.sources._map import (
     DEFAULT_MAX_OBJECT_SIZE,
     RemoteMap,
@@ -39,7 +40,6 @@ from asyncloader.sources._retry import (
     status_of,
 )
 
-T = TypeVar("T")
 _BLOCK = 8 << 20
 _UNCAPPED_POOL = 4096  # "no cap of the client's own": far above any io_concurrency in use
 
@@ -73,25 +73,6 @@ def tuned_options(protocol: str, options: Mapping[str, Any], max_connections: in
         tuned["config_kwargs"] = config
         tuned.setdefault("max_concurrency", 1)
     return tuned
-
-
-def run_blocking(op: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Runs ``op()`` on a new event loop in a new thread (callable from inside a loop)."""
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def main() -> None:
-        try:
-            result.append(asyncio.run(op()))
-        except BaseException as exc:
-            error.append(exc)
-
-    thread = threading.Thread(target=main, name="asyncloader-list")
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
 
 
 class StoreClient:
@@ -141,7 +122,7 @@ class StoreClient:
 
     @staticmethod
     async def _shut(fs: Any) -> None:
-        client = getattr(fs, "_s3", None)  # s3fs: the aiobotocore client owns the pool
+        client = s3fs_client(fs)  # s3fs: the aiobotocore client owns the pool
         if client is not None:
             await client.close()
             return
@@ -149,7 +130,7 @@ class StoreClient:
         if session is not None and hasattr(session, "close") and not session.closed:
             await session.close()
 
-    def describe(self, target: str) -> str:
+    def shown(self, target: str) -> str:
         return redact_url(target)
 
     async def read(self, target: str, start: int | None, length: int | None) -> bytes:
@@ -157,7 +138,7 @@ class StoreClient:
         path = fs._strip_protocol(target)
         if start is not None:
             assert length is not None
-            check_size(length, self.max_object_size, lambda: self.describe(target))
+            check_size(length, self.max_object_size, lambda: self.shown(target))
             data = await fs._cat_file(path, start=start, end=start + length)
             if len(data) != length:
                 raise Permanent(f"range {start}+{length} goes past the end ({start + len(data)})")
@@ -170,7 +151,7 @@ class StoreClient:
             if status_of(exc) != 416:
                 raise
             data = await fs._cat_file(path)
-        check_size(len(data), self.max_object_size, lambda: self.describe(target))
+        check_size(len(data), self.max_object_size, lambda: self.shown(target))
         return data
 
     async def stream(
@@ -247,10 +228,13 @@ class ObjectStoreSource(RemoteMap):
         )
         if isinstance(url_or_keys, str):
             prefix = url_or_keys
-            attempts = Attempts(client.describe(prefix), retry, client.redact)
-            listed = run_blocking(lambda: retrying(lambda: client.find(prefix), attempts))
+            attempts = Attempts(client.shown(prefix), retry, client.redact)
+            listed = call_in_thread(
+                lambda: asyncio.run(retrying(lambda: client.find(prefix), attempts)),
+                "asyncloader-list",
+            )
             if not listed:
-                raise ValueError(f"no objects under {client.describe(url_or_keys)!r}")
+                raise ValueError(f"no objects under {client.shown(url_or_keys)!r}")
             url_or_keys = listed
         items = parse_items(url_or_keys, "url_or_keys")
         for target, _, _ in items:

@@ -160,7 +160,7 @@ def retry_after(exc: BaseException) -> float | None:
     return None
 
 
-def describe(exc: BaseException, redact: Redactor) -> str:
+def describe_cause(exc: BaseException, redact: Redactor) -> str:
     """``TypeName: message`` of ``exc``, redacted."""
     text = str(exc)
     return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
@@ -210,10 +210,11 @@ class Attempts:
         """
         self.total += 1
         self.streak += 1
-        cause = describe(exc, self.redact)
+        cause = describe_cause(exc, self.redact)
         if not is_transient(exc) or self.streak >= self.policy.attempts:
             error = FetchError(self.target, self.total, cause)
-            if self.redact.holds_secret("".join(describe(e, Redactor()) for e in _chain(exc))):
+            plain = "".join(describe_cause(e, Redactor()) for e in _chain(exc))
+            if self.redact.holds_secret(plain):
                 raise error from None
             raise error from exc
         wait = self.policy.delay(self.streak, retry_after(exc))

@@ -25,10 +25,10 @@ from typing import Any
 from asyncloader.errors import FetchError
 from asyncloader.sources._files import FileClient
 from asyncloader.sources._http import HTTPClient
-from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, check_common
+from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, ClientSource, check_common
 from asyncloader.sources._objectstore import StoreClient
 from asyncloader.sources._redact import redact_url, url_secrets
-from asyncloader.sources._retry import Attempts, Retry, describe
+from asyncloader.sources._retry import Attempts, Retry, describe_cause
 from asyncloader.sources._shardplan import (
     Slice,
     check_ranks,
@@ -38,7 +38,7 @@ from asyncloader.sources._shardplan import (
     resolve_ranks,
 )
 from asyncloader.sources._skips import Skips
-from asyncloader.sources._stream import SKIPPED, Position, ShardStream
+from asyncloader.sources._stream import SKIPPED_POSITION, Position, ShardStream
 from asyncloader.sources._tar import members, split_key
 
 
@@ -62,7 +62,7 @@ def make_client(url: str, **opts: Any) -> Client:
     )
 
 
-class ShardedSource:
+class ShardedSource(ClientSource):
     """An async iterable of samples from tar shards: dicts ``{"__key__", "__url__", ext: bytes}``
     (or ``decode(dict)``).
 
@@ -230,20 +230,6 @@ class ShardedSource:
             self.slices(), self.items, rng, self._buffer_size, self._concurrency, self._position
         )
 
-    @property
-    def skipped(self) -> int:
-        """Samples skipped so far under ``on_error="skip"``."""
-        return self._skips.count
-
-    @property
-    def skip_log(self) -> list[str]:
-        """The last few skips: ``"target: reason"``."""
-        return list(self._skips.recent)
-
-    async def aclose(self) -> None:
-        """Closes the connection pool of the running loop (otherwise closed at loop shutdown)."""
-        await self._client.aclose()
-
     def __repr__(self) -> str:
         first = redact_url(self._urls[0])
         return f"ShardedSource(<{len(self._urls)} shards: {first}, ...>, {self._client!r})"
@@ -251,7 +237,7 @@ class ShardedSource:
     async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
         """The raw samples of one slice; resumes a broken stream after its last whole member."""
         url = self._urls[slc.shard]
-        target = self._client.describe(url)
+        target = self._client.shown(url)
         attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))
         pin: dict[str, Any] = {}
         offset, seen, key, fields = 0, 0, None, {}
@@ -294,7 +280,8 @@ class ShardedSource:
         self, slc: Slice, want: Callable[[int], bool]
     ) -> AsyncGenerator[tuple[int, Any], None]:
         """``(i, sample)`` for the samples ``i`` of a slice with ``want(i)``, decoded; the others
-        are read past undecoded. A skipped sample (``on_error="skip"``) comes as ``SKIPPED``."""
+        are read past undecoded. A skipped sample (``on_error="skip"``) comes as
+        ``SKIPPED_POSITION``."""
         i, failed = 0, False
         try:
             async with contextlib.aclosing(self.samples(slc)) as samples:
@@ -308,12 +295,12 @@ class ShardedSource:
                     try:
                         item = self._decode(sample)
                     except Exception as exc:
-                        reason = f"decode failed: {describe(exc, self._client.redact)}"
+                        reason = f"decode failed: {describe_cause(exc, self._client.redact)}"
                         if not self._skips.absorb(
                             exc, f"{sample['__url__']}#{sample['__key__']}", reason
                         ):
                             raise
-                        item = SKIPPED
+                        item = SKIPPED_POSITION
                     yield i - 1, item
         except FetchError as exc:
             left = (slc.take - i) if slc.take is not None else 0
@@ -323,4 +310,4 @@ class ShardedSource:
         if failed and slc.take is not None:  # the positions stay: the order is unchanged
             for j in range(i, slc.take):
                 if want(j):
-                    yield j, SKIPPED
+                    yield j, SKIPPED_POSITION

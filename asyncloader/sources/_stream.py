@@ -37,11 +37,14 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from asyncloader._failure import unwrap_group
 from asyncloader.sources._interleave import Interleave, draw, rewind
 from asyncloader.sources._shardplan import Slice
 
 DEPTH = 2
-SKIPPED = object()  # a position whose sample was skipped (on_error="skip"): counted, not given
+SKIPPED_POSITION = (
+    object()
+)  # a position whose sample was skipped (on_error="skip"): counted, not given
 _END = object()
 _MISSING = object()
 
@@ -68,7 +71,7 @@ class ShardStream:
 
     Args:
         slices: This rank's slices, in plan order.
-        items: ``items(slice, want)`` yields ``(i, sample or SKIPPED)`` for the slice's
+        items: ``items(slice, want)`` yields ``(i, sample or SKIPPED_POSITION)`` for the slice's
             samples ``i`` with ``want(i)``, reading past (undecoded) the others.
         rng: The shuffle buffer's RNG, seeded from (seed, epoch, rank); None: no shuffling.
         buffer_size: Shuffle buffer size.
@@ -173,7 +176,7 @@ class ShardStream:
                     read = self._read(s, self._starts.get(s, 0), feeds, None)
                     tg.create_task(read, name=f"shard-reader:{s}")
         except BaseExceptionGroup as group:
-            self._fail(_first(group))
+            self._fail(unwrap_group(group))
         except Exception as exc:
             self._fail(exc)
 
@@ -225,7 +228,7 @@ class ShardStream:
                 raise StopAsyncIteration
             item = draw(self._buffer, self._rng)
             self.position.yielded += 1
-            if item is SKIPPED or self._drop:
+            if item is SKIPPED_POSITION or self._drop:
                 self._drop = max(self._drop - 1, 0)
                 continue
             return item
@@ -242,10 +245,3 @@ class ShardStream:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
-
-
-def _first(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc

@@ -41,7 +41,7 @@ def instrument(source, seed=None):
     rng = random.Random(seed)
 
     async def stream(target, start, pin):
-        opened.append((client.describe(target), start))
+        opened.append((client.shown(target), start))
         async for chunk in inner(target, start, pin):
             for at in range(0, len(chunk), 4096):
                 if seed is not None:

@@ -1,0 +1,62 @@
+"""Every use of a private or version-dependent API of torch, multiprocessing and concurrent.futures
+(and of s3fs, an optional extra).
+
+Checked against CPython 3.11-3.13, torch 2.2-2.13 (the CPU wheel pinned in constraints.txt) and
+s3fs 2024.2-2026.9.
+Each helper degrades to a safe answer when the attribute it reads is missing, so a new release
+that renames one loses a diagnostic, never a batch. Nothing else in asyncloader reaches into
+these libraries' underscored names.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import torch.multiprocessing  # noqa: F401  registers torch's shared-memory tensor pickling
+from torch.utils.data._utils import worker as _torch_worker  # private: torch 2.2-2.13
+
+
+def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
+    """Makes ``torch.utils.data.get_worker_info()`` answer inside an asyncloader worker.
+
+    Datasets written for DataLoader rely on it, and ``default_collate`` then stacks straight into
+    shared memory (one copy less). ``_worker_info`` is the module global torch's own workers set.
+    """
+    _torch_worker._worker_info = _torch_worker.WorkerInfo(
+        id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
+    )
+
+
+def pool_processes(executor: ProcessPoolExecutor) -> dict[int, Any]:
+    """pid -> ``multiprocessing.Process`` of the executor's live workers (``_processes``).
+
+    The executor forgets a process once it died or the executor shut down: callers keep a copy
+    to report exit codes and to join them.
+    """
+    return dict(getattr(executor, "_processes", None) or {})
+
+
+def pool_is_broken(executor: ProcessPoolExecutor) -> bool:
+    """A worker died and the executor accepts no more work (``_broken``)."""
+    return bool(getattr(executor, "_broken", False))
+
+
+def pool_manager_thread(executor: ProcessPoolExecutor) -> threading.Thread | None:
+    """The thread that feeds the executor's workers and reaps them
+    (``_executor_manager_thread``)."""
+    return getattr(executor, "_executor_manager_thread", None)
+
+
+def is_mp_context(value: Any) -> bool:
+    """``value`` is a multiprocessing context (``multiprocessing.context.BaseContext`` is not
+    re-exported by the package, only reachable through its ``context`` module)."""
+    return isinstance(value, multiprocessing.context.BaseContext)
+
+
+def s3fs_client(fs: Any) -> Any:
+    """The aiobotocore client of an s3fs filesystem (``_s3``; it owns the connection pool), or
+    ``None`` for other filesystems."""
+    return getattr(fs, "_s3", None)

@@ -1,0 +1,70 @@
+"""The seam between an epoch and whatever runs its batches: an :class:`Engine`.
+
+An epoch submits batches to an engine and awaits their results; it does not know whether they
+run in asyncloader's own worker processes (:class:`asyncloader._pool.ProcessPool`), in a
+user's ``concurrent.futures.Executor`` or in a loader thread (:class:`ExecutorEngine`). A
+further kind of worker (remote actors) implements the same five members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, Future
+from typing import Any, Protocol
+
+from asyncloader._plan import BatchPlan, run_batch
+
+
+class Engine(Protocol):
+    """Runs :func:`asyncloader._plan.run_batch` for the batches of an epoch."""
+
+    def start(self) -> None:
+        """Makes the engine ready for work (blocking: called off the event loop)."""
+
+    def submit(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, epoch_seed: int | None
+    ) -> Future[Any]:
+        """Starts batch ``seq``; the future resolves to the batch (or its Failure).
+
+        Raises:
+            concurrent.futures.process.BrokenProcessPool: A worker died (from here or from the
+                future).
+        """
+
+    def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
+        """After a crash: which worker died, how, and the batch it held (blocking); ``""`` when
+        the engine cannot tell more than the exception's own message."""
+
+    def shutdown(self) -> None:
+        """Stops the engine and joins what it started. Idempotent; blocking."""
+
+
+class ExecutorEngine:
+    """An ``Executor`` the loader does not own the workers of: the plan travels with each task.
+
+    Args:
+        executor: A user's executor (never shut down here), or a loader thread pool (shut down
+            with the epoch when ``owned``).
+        plan: What to do to each batch.
+        owned: :meth:`shutdown` shuts the executor down.
+    """
+
+    def __init__(self, executor: Executor, plan: BatchPlan, owned: bool = False) -> None:
+        self.executor = executor
+        self.plan = plan
+        self._owned = owned
+
+    def start(self) -> None:
+        pass
+
+    def submit(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, epoch_seed: int | None
+    ) -> Future[Any]:
+        return self.executor.submit(run_batch, self.plan, seq, indices, samples, epoch_seed)
+
+    def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
+        return ""  # the executor's own message says it best
+
+    def shutdown(self) -> None:
+        if self._owned:
+            self.executor.shutdown(wait=True, cancel_futures=True)

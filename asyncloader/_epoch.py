@@ -1,0 +1,310 @@
+"""The running epoch: its stages wired inside one TaskGroup, its resources in one exit stack.
+
+::
+
+    sampler / iterable ─► admit (window permit) ─► fetch (loop, ≤ io_concurrency samples)
+                          └──────────────── batch:{seq} task ───────────────┘
+                                                 │
+                          transform + collate (engine, ≤ transform_window batches)
+                                                 │
+                          ReorderBuffer ─► [device thread] ─► consumer (permit returned on
+                                                              hand-over)
+
+Window invariant: ``permits.value + ahead == window``, where ``ahead`` counts the batches taken
+from the sampler and not yet handed to the consumer (being fetched, in the engine, in the
+reorder buffer, or in a hand-over queue). So memory held ahead of the consumer is bounded by
+``window`` batches whatever the consumer's speed or the order batches complete in.
+
+A stage exception inside a batch becomes a Failure delivered at that batch's turn; anything
+else (the sampler raising, a worker crash) fails the TaskGroup, which cancels every stage task
+and surfaces the first error to the consumer. Every resource of the epoch (its threads, its
+worker lease, the source's puller) is entered into one ``AsyncExitStack`` as it starts, so
+stopping, on every path, is that stack's exit: in reverse order of starting, after the stage
+tasks ended and the consumer was told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from asyncloader._batches import Batch, map_batches, stream_batches
+from asyncloader._device import DeviceStage
+from asyncloader._engine import Engine, ExecutorEngine
+from asyncloader._failure import Failure, unwrap_group
+from asyncloader._fetch import Fetcher
+from asyncloader._options import Options
+from asyncloader._plan import BatchPlan
+from asyncloader._progress import Progress
+from asyncloader._reorder import ReorderBuffer
+from asyncloader._seeding import call_seeded
+from asyncloader._start import EpochStart
+from asyncloader._stats import LoaderStats
+from asyncloader._threads import loader_threads, run_in_thread
+from asyncloader._transform import Transformer, inline_plan
+from asyncloader._workers import WorkerLease
+from asyncloader.errors import AsyncLoaderError
+from asyncloader.sources import SourceKind
+
+
+class Window:
+    """Admission of batches into the epoch, on the loop's thread only.
+
+    ``permits.value + ahead == size`` at every await point; ``max_ahead <= size``.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._permits = asyncio.Semaphore(size)
+        self.ahead = 0
+        self.max_ahead = 0
+
+    async def admit(self) -> None:
+        await self._permits.acquire()
+        self.ahead += 1
+        self.max_ahead = max(self.max_ahead, self.ahead)
+
+    def release(self) -> None:
+        self.ahead -= 1
+        self._permits.release()
+
+
+def _shut_down_with(stack: contextlib.AsyncExitStack, threads: ThreadPoolExecutor) -> None:
+    """Joins ``threads`` when ``stack`` exits, off the loop's thread."""
+    stop = lambda: threads.shutdown(wait=True, cancel_futures=True)  # noqa: E731
+    stack.push_async_callback(run_in_thread, stop, "asyncloader-reaper")
+
+
+class Epoch:
+    """One pass over the source, consumed by exactly one iterator.
+
+    Runs on one event loop (the ``asyncloader-loop`` thread's, or the caller's for
+    ``async for``). Of its members, :attr:`progress`, :attr:`start_info`, :meth:`describe_wait`
+    and :attr:`stats` may be used from the consumer's thread too: ``progress`` has its own lock,
+    ``start_info`` never changes, and the other two only read counters and dict entries.
+
+    Args:
+        options: The loader's validated options.
+        start: How the epoch begins (seed, RNG state, started sampler, resume point).
+        lease: The worker pool of this epoch, when ``num_workers > 0``.
+    """
+
+    def __init__(self, options: Options, start: EpochStart, lease: WorkerLease | None) -> None:
+        self._options = options
+        self.start_info = start
+        self.progress = Progress(start.resume, start.source_state)
+        self._lease = lease
+        self._window = Window(options.window)
+        self._buffer = ReorderBuffer(options.in_order, start.resume.start, start.resume.skip)
+        # With a device stage the consumer reads the device thread's output, in order.
+        self._out = ReorderBuffer(in_order=False) if options.device_stage else self._buffer
+        self._device_room = asyncio.Semaphore(options.device_depth or 1)
+        self._inflight: dict[int, Sequence[Any]] = {}  # seq -> indices, until handed over
+        self._fetcher: Fetcher | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on, once started
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task[None]:
+        """Starts the stage tasks on the running loop."""
+        self.loop = asyncio.get_running_loop()
+        self._task = self.loop.create_task(self._run(), name="asyncloader-epoch")
+        return self._task
+
+    async def next(self) -> tuple[int, Any]:
+        """Waits for the next ``(seq, batch)``. Its permit stays taken until :meth:`release`.
+
+        Raises:
+            StopAsyncIteration: The epoch is complete.
+        """
+        seq, item = await self._out.get()
+        self._inflight.pop(seq, None)
+        if isinstance(item, Failure):
+            item.reraise()
+        return seq, item
+
+    def release(self) -> None:
+        """The consumer has received a batch: return its permit to the window (on the loop)."""
+        self._window.release()
+        if self._out is not self._buffer:
+            self._device_room.release()
+
+    def describe_wait(self) -> str:
+        """What the consumer is waiting for, for timeout messages."""
+        seq = self._buffer.next_seq
+        if seq is None:
+            return "the next batch to complete (in_order=False)"
+        indices = self._inflight.get(seq)
+        if indices is None:
+            return f"batch {seq}, not yet taken from the sampler"
+        return f"batch {seq} with indices {list(indices)[:16]}"
+
+    @property
+    def stats(self) -> LoaderStats:
+        options = self._options
+        fetching = self._fetcher.max_fetching if self._fetcher else 0
+        return LoaderStats(
+            options.window,
+            self._window.max_ahead,
+            options.io_concurrency,
+            fetching,
+            self.progress.batches,
+        )
+
+    async def aclose(self) -> None:
+        """Cancels the stage tasks and waits until threads and processes are joined."""
+        task = self._task
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise
+
+    # -- producer side -------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await self._flow(stack)
+            except asyncio.CancelledError:
+                self._fail(AsyncLoaderError("the epoch was closed before it finished"))
+                raise
+            except BaseException as exc:
+                self._fail(unwrap_group(exc))
+
+    async def _flow(self, stack: contextlib.AsyncExitStack) -> None:
+        """Opens the stages into ``stack`` and admits batches until the source ends."""
+        options = self._options
+        get = self._open_fetch(stack)
+        device = self._open_device(stack)
+        transformer = await self._open_transform(stack)
+        batches = await stack.enter_async_context(contextlib.aclosing(self._batches(stack)))
+        async with asyncio.TaskGroup() as tg:
+            if get is not None:
+                self._fetcher = Fetcher(get, options.io_concurrency, tg.create_task)
+            if device is not None:
+                tg.create_task(self._device_pump(device), name="device")
+            admitted = 0
+            while True:
+                await self._window.admit()
+                item = await anext(batches, None)
+                if item is None:
+                    self._window.release()
+                    break
+                seq, indices, samples = item
+                self._inflight[seq] = indices
+                process = self._process(transformer, seq, indices, samples)
+                tg.create_task(process, name=f"batch:{seq}")
+                admitted += 1
+            if self._fetcher is not None:
+                self._fetcher.close()
+            self._buffer.finish(admitted)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._buffer.fail(exc)
+        self._out.fail(exc)
+
+    @property
+    def _epoch_seed(self) -> int | None:
+        """The seed per-sample seeds derive from, when ``seed_per_sample`` is on."""
+        return self.start_info.seed if self._options.seed_per_sample else None
+
+    def _open_fetch(
+        self, stack: contextlib.AsyncExitStack
+    ) -> Callable[[Any], Awaitable[Any]] | None:
+        """How the loop fetches one sample, or ``None`` where the engine fetches them."""
+        options = self._options
+        if options.kind is SourceKind.ASYNC_MAP:
+            return options.dataset.__getitem__
+        if options.kind is not SourceKind.MAP or options.fetch_in_workers:
+            return None
+        threads = loader_threads(options.io_concurrency, "asyncloader-fetch")
+        _shut_down_with(stack, threads)
+        loop, seed, getitem = (
+            asyncio.get_running_loop(),
+            self._epoch_seed,
+            options.dataset.__getitem__,
+        )
+        return lambda index: loop.run_in_executor(threads, call_seeded, seed, index, getitem, index)
+
+    def _open_device(self, stack: contextlib.AsyncExitStack) -> DeviceStage | None:
+        options = self._options
+        if not options.device_stage:
+            return None
+        target = None if options.device is None else torch.device(options.device)
+        device = DeviceStage(options.pin_memory and torch.cuda.is_available(), target)
+        stack.push_async_callback(run_in_thread, device.close, "asyncloader-reaper")
+        return device
+
+    async def _open_transform(self, stack: contextlib.AsyncExitStack) -> Transformer:
+        """The engine of this epoch (worker pool, user executor or a loader thread)."""
+        options, seed = self._options, self._epoch_seed
+        plan = BatchPlan.of(options)
+        inline = None
+        engine: Engine
+        if self._lease is not None:
+            engine = await stack.enter_async_context(self._lease)
+        elif options.executor is not None:
+            engine = ExecutorEngine(options.executor, plan)
+        else:
+            engine = ExecutorEngine(loader_threads(1, "asyncloader-transform"), plan, owned=True)
+            stack.push_async_callback(run_in_thread, engine.shutdown, "asyncloader-reaper")
+            inline = inline_plan(plan, seed)
+        return Transformer(engine, options.transform_window, seed, self._inflight, inline)
+
+    def _batches(self, stack: contextlib.AsyncExitStack) -> AsyncGenerator[Batch, None]:
+        options, start = self._options, self.start_info
+        if options.kind.is_map:
+            assert start.index_iter is not None
+            return map_batches(options, start.index_iter, start.resume)
+        thread = None
+        if options.kind is SourceKind.ITERABLE:
+            thread = loader_threads(1, "asyncloader-source")
+            _shut_down_with(stack, thread)
+        return stream_batches(options, start.resume, start.first_seq, self.progress, thread)
+
+    async def _process(
+        self,
+        transformer: Transformer,
+        seq: int,
+        indices: Sequence[Any],
+        samples: list[Any] | None,
+    ) -> None:
+        """Takes one batch through fetch and transform and into the reorder buffer."""
+        result: Any = samples
+        if samples is None and self._fetcher is not None:
+            result = await self._fetcher.fetch(seq, indices)
+        if not isinstance(result, Failure):
+            result = await transformer.run(seq, indices, result)
+        self._buffer.put(seq, result)
+
+    async def _device_pump(self, device: DeviceStage) -> None:
+        """Moves batches, in order, from the reorder buffer through the device thread.
+
+        Runs at most ``device_depth`` batches ahead of the consumer: room is taken before a
+        batch leaves the reorder buffer and returned when the consumer receives it.
+        """
+        forwarded = 0
+        while True:
+            await self._device_room.acquire()
+            try:
+                seq, item = await self._buffer.get()
+            except StopAsyncIteration:
+                self._out.finish(forwarded)
+                return
+            if not isinstance(item, Failure):
+                try:
+                    item = await device.move(item)
+                except Exception as exc:
+                    item = Failure.capture(exc, "device", seq, self._inflight.get(seq, ()))
+            self._out.put(seq, item)
+            forwarded += 1

@@ -1,0 +1,190 @@
+"""The options of one loader: one frozen dataclass, validated and completed once, in the
+constructor.
+
+``AsyncLoader.__init__`` passes its keywords here unchanged; :class:`Options` checks them (with
+the checks of :mod:`asyncloader._validate`), derives the sampling chain DataLoader would build
+(sampler, batch sampler, collate function) and fixes the bounds the pipeline lives by (the
+window). Nothing downstream reads options by string key or validates them again.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+    default_convert,
+)
+
+from asyncloader import _validate as check
+from asyncloader.sources import SourceKind, source_kind
+
+DEVICE_DEPTH = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """The validated options of one loader (see AsyncLoader for their meaning).
+
+    After construction ``sampler`` and ``batch_sampler`` are the ones the epoch iterates (built
+    from ``shuffle``, ``batch_size`` and ``drop_last`` when not given), ``batch_size`` is
+    ``None`` under a user ``batch_sampler`` (as in DataLoader), ``device`` is a
+    ``torch.device`` and ``mp_context`` a multiprocessing context or ``None``.
+    """
+
+    dataset: Any
+    batch_size: int | None = 1
+    shuffle: bool | None = None
+    sampler: Any = None
+    batch_sampler: Any = None
+    drop_last: bool = False
+    collate_fn: Callable[[Any], Any] | None = None
+    transform: Callable[[Any], Any] | None = None
+    num_workers: int = 0
+    executor: Executor | None = None
+    io_concurrency: int = 64
+    prefetch: int = 2
+    in_order: bool = True
+    pin_memory: bool = False
+    device: str | torch.device | None = None  # a torch.device once built
+    timeout: float = 0
+    worker_init_fn: Callable[[int], None] | None = None
+    persistent_workers: bool = False
+    mp_context: Any = None
+    generator: torch.Generator | None = None
+    seed_per_sample: bool = False
+    #: Derived: the kind of source, and the function that turns samples into a batch.
+    kind: SourceKind = field(init=False)
+    collate: Callable[[Any], Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        kind = source_kind(self.dataset)
+        check.check_int("num_workers", self.num_workers, 0)
+        check.check_int("io_concurrency", self.io_concurrency, 1)
+        check.check_int("prefetch", self.prefetch, 1)
+        check.check_timeout(self.timeout)
+        for name in ("collate_fn", "transform", "worker_init_fn"):
+            check.check_callable(name, getattr(self, name))
+        check.check_workers(self.num_workers, self.executor, self.persistent_workers)
+        check.check_instance("generator", self.generator, torch.Generator, "a torch.Generator")
+        _set(self, device=check.resolve_device(self.device, bool(self.pin_memory)))
+        _set(self, mp_context=check.resolve_mp_context(self.mp_context, self.num_workers))
+        if self.batch_size is not None:
+            check.check_int("batch_size", self.batch_size, 1)
+        if kind.is_map:
+            self._sample_map()
+        else:
+            check.check_no_indices("shuffle", self.shuffle)
+            check.check_no_indices("sampler", self.sampler)
+            check.check_no_indices("batch_sampler", self.batch_sampler)
+            check.check_auto_batching(self.batch_size, self.drop_last)
+        collate = self.collate_fn or (default_collate if self.batched else default_convert)
+        _set(self, kind=kind, collate=collate, timeout=float(self.timeout))
+        for name in (
+            "drop_last",
+            "in_order",
+            "pin_memory",
+            "persistent_workers",
+            "seed_per_sample",
+        ):
+            _set(self, **{name: bool(getattr(self, name))})
+
+    def _sample_map(self) -> None:
+        """Checks the sampling options of a map-style source and builds its sampler chain."""
+        check.check_map_sampling(
+            self.batch_size, self.shuffle, self.sampler, self.batch_sampler, self.drop_last
+        )
+        if self.batch_sampler is not None:
+            _set(self, batch_size=None, drop_last=False)
+        sampler = self.sampler
+        if sampler is None:
+            sampler = (
+                RandomSampler(self.dataset, generator=self.generator)
+                if self.shuffle
+                else SequentialSampler(self.dataset)
+            )
+            _set(self, sampler=sampler)
+        if self.batch_sampler is None and self.batch_size is not None:
+            _set(self, batch_sampler=BatchSampler(sampler, self.batch_size, self.drop_last))
+
+    @property
+    def batched(self) -> bool:
+        return self.batch_size is not None or self.batch_sampler is not None
+
+    @property
+    def fetch_in_workers(self) -> bool:
+        """A sync map-style source is read inside asyncloader's own worker processes."""
+        return self.kind is SourceKind.MAP and self.num_workers > 0
+
+    @property
+    def transform_window(self) -> int:
+        """Batches at most in the executor at once: ``prefetch`` per worker."""
+        return self.prefetch * max(1, self.num_workers)
+
+    @property
+    def fetch_window(self) -> int:
+        """Batches at most being fetched on the loop: enough to keep io_concurrency busy."""
+        if self.fetch_in_workers:
+            return 0
+        if not self.kind.is_map:
+            return 1
+        per_batch = self.batch_size or 1
+        if self.batch_sampler is not None and self.batch_size is None:
+            per_batch = getattr(self.batch_sampler, "batch_size", None) or 1
+        return math.ceil(self.io_concurrency / per_batch)
+
+    @property
+    def device_stage(self) -> bool:
+        """Batches go through the ``asyncloader-device`` thread (to pin or to copy)."""
+        return self.device is not None or (self.pin_memory and torch.cuda.is_available())
+
+    @property
+    def device_depth(self) -> int:
+        """Batches at most pinned or copied ahead of the consumer by the device thread."""
+        return DEVICE_DEPTH if self.device_stage else 0
+
+    @property
+    def window(self) -> int:
+        """Batches at most taken from the sampler and not yet handed to the consumer."""
+        return self.transform_window + self.fetch_window + self.device_depth
+
+
+def _set(options: Options, **values: Any) -> None:
+    """Completes a frozen Options in ``__post_init__`` (the only place it changes)."""
+    for name, value in values.items():
+        object.__setattr__(options, name, value)
+
+
+def fork_is_safe() -> bool:
+    """Forking now is as safe as DataLoader's own fork: Linux, from the main thread, and no
+    other Python thread alive (a thread holding a lock at fork time can deadlock the child)."""
+    return (
+        sys.platform == "linux"
+        and threading.current_thread() is threading.main_thread()
+        and threading.active_count() == 1
+    )
+
+
+def default_mp_context() -> Any:
+    """The start method used when workers cannot be forked safely (see :func:`fork_is_safe`).
+
+    forkserver on Linux: the fork server preloads asyncloader (and so torch) and the main module
+    once, so each worker starts as a fork of an already-initialised, single-threaded process.
+    spawn elsewhere.
+    """
+    if sys.platform == "linux":
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["__main__", "asyncloader._worker"])
+        return ctx
+    return multiprocessing.get_context("spawn")

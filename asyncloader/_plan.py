@@ -1,0 +1,100 @@
+"""What the executor does to one batch: fetch, transform and collate, calling the user's code.
+
+The work unit is a batch, so per-task overhead (IPC, pickling) is paid once per batch. In
+asyncloader's own process pool the :class:`BatchPlan` (dataset, transform, collate) reaches
+each worker once, through the pool's initializer; tasks then carry only ``(seq, indices)`` or
+the raw samples fetched on the event loop. With a user executor or without workers the plan
+travels with each task instead (by reference in threads, pickled for a foreign process pool).
+A batch made in a worker process leaves it through :func:`asyncloader._transport.to_shared`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncloader._failure import Failure
+from asyncloader._seeding import call_seeded
+from asyncloader._transport import to_shared
+from asyncloader._worker import in_worker, mark_running, worker_plan
+
+if TYPE_CHECKING:
+    from asyncloader._options import Options
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """What the executor does to one batch.
+
+    Attributes:
+        dataset: Set when the executor fetches samples itself (sync map-style source).
+        transform: Applied to every sample, or ``None``.
+        collate: Turns the list of samples into the batch (or converts one sample when not
+            batching).
+        batched: ``False`` for ``batch_size=None``: each batch is a single sample.
+    """
+
+    dataset: Any
+    transform: Callable[[Any], Any] | None
+    collate: Callable[[Any], Any]
+    batched: bool
+
+    @classmethod
+    def of(cls, options: Options) -> BatchPlan:
+        """What the executor does to each batch of a loader with ``options``."""
+        return cls(
+            dataset=options.dataset if options.fetch_in_workers else None,
+            transform=options.transform,
+            collate=options.collate,
+            batched=options.batched,
+        )
+
+
+def run_batch(
+    plan: BatchPlan | None,
+    seq: int,
+    indices: Sequence[Any],
+    samples: list[Any] | None,
+    epoch_seed: int | None = None,
+) -> Any:
+    """Fetches (when ``samples`` is None), transforms and collates one batch.
+
+    Args:
+        plan: What to do, or ``None`` in a worker that holds its plan already.
+        epoch_seed: When set, the global RNGs are seeded from ``(epoch_seed, index)`` before
+            each sample's ``__getitem__`` and ``transform``, and from ``(epoch_seed, seq)``
+            before collate: the batch is then the same whichever worker makes it.
+
+    Returns:
+        The batch (ready to leave the process, in a worker process), or a :class:`Failure`
+        naming the stage and sample that raised.
+    """
+    plan = plan if plan is not None else worker_plan()
+    assert plan is not None, "run_batch without a plan outside an initialised worker"
+    mark_running(seq)
+    stage, index = "fetch", None
+    try:
+        if samples is None:
+            samples = []
+            getitem = plan.dataset.__getitem__
+            for index in indices:
+                samples.append(call_seeded(epoch_seed, index, getitem, index))
+        if plan.transform is not None:
+            stage = "transform"
+            transform = plan.transform
+            for pos in range(len(samples)):
+                index = indices[pos]
+                samples[pos] = call_seeded(epoch_seed, index, transform, samples[pos])
+        stage, index = "collate", None
+        batch = call_seeded(
+            epoch_seed, -1 - seq, plan.collate, samples if plan.batched else samples[0]
+        )
+        if in_worker():
+            stage = "share"
+            batch = to_shared(batch)
+        return batch
+    except Exception as exc:
+        return Failure.capture(exc, stage, seq, indices, index)
+    finally:
+        mark_running(-1)

@@ -1,0 +1,128 @@
+"""The start of one epoch, decided on the consumer's thread when ``iter(loader)`` is called.
+
+Everything random about an epoch is drawn here, in DataLoader's order: the epoch's seed first,
+then the sampler's first indices. Doing it on the consumer's thread (not whenever the loop's
+thread gets to it) makes a seeded ``generator``, or torch's global RNG, give DataLoader's
+order. A resumed epoch restores the RNG state it began with, so its draws repeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from asyncloader._options import Options
+from asyncloader._seeding import draw_seed
+from asyncloader._state import Resume, decode_rng, is_stateful, resume_point
+
+
+@dataclass(frozen=True, slots=True)
+class EpochStart:
+    """How one epoch begins.
+
+    Attributes:
+        number: The epoch's number (0 for the loader's first).
+        seed: This epoch's seed: workers' base seed and per-sample seeds derive from it.
+        rng: The RNG state the epoch's draws started from (kept for checkpoints).
+        index_iter: The (batch) sampler's iterator, already started (map-style sources).
+        resume: Where a resumed epoch starts (``Resume()`` for a fresh one).
+        first_seq: The seq of the first batch an iterable source will give: ``resume.start``
+            when the source restored its own state, else 0 (earlier batches are then pulled
+            and dropped).
+        source_state: ``(first_seq, state)``: an iterable source's own state before its first
+            batch, when it keeps one (``state_dict``/``load_state_dict``); else ``None``.
+    """
+
+    number: int
+    seed: int
+    rng: tuple[str, torch.Tensor]
+    index_iter: Iterator[Any] | None
+    resume: Resume
+    first_seq: int = 0
+    source_state: tuple[int, Any] | None = None
+
+
+def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> EpochStart:
+    """Draws the epoch's seed and starts its sampler; restores ``state``'s position first.
+
+    Args:
+        number: The epoch's number when not resumed.
+        state: A checked ``state_dict()`` to continue from, or ``None``.
+    """
+    generator = options.generator
+    with _rng_replayed(generator, decode_rng(state["rng"]) if state else None):
+        rng = capture_rng(generator)
+        seed = draw_seed(generator)  # before the sampler draws, as DataLoader does
+        index_iter = start_sampler(options) if options.kind.is_map else None
+    resume = resume_point(state) if state else Resume()
+    first_seq, source_state = _restore_source(options, resume)
+    return EpochStart(
+        number=state["epoch"] if state else number,
+        seed=seed,
+        rng=rng,
+        index_iter=index_iter,
+        resume=resume,
+        first_seq=first_seq,
+        source_state=source_state,
+    )
+
+
+@contextlib.contextmanager
+def _rng_replayed(
+    generator: torch.Generator | None, rng: tuple[str, torch.Tensor] | None
+) -> Iterator[None]:
+    """Within: draws repeat the saved epoch's. A saved generator state is set on ``generator``
+    for good (it goes on from there, as it did); torch's global state only for the block."""
+    if rng is not None and rng[0] == "generator" and generator is not None:
+        generator.set_state(rng[1])
+    if rng is None or rng[0] != "global":
+        yield
+        return
+    saved = torch.get_rng_state()
+    torch.set_rng_state(rng[1])
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved)
+
+
+def _restore_source(options: Options, resume: Resume) -> tuple[int, tuple[int, Any] | None]:
+    """An iterable source that keeps state: restored to ``resume``'s, and its state before the
+    first batch it will give. Returns ``(first_seq, (first_seq, state) or None)``."""
+    dataset = options.dataset
+    if options.kind.is_map or not is_stateful(dataset):
+        return 0, None
+    first_seq = 0
+    if resume.source_state is not None:
+        dataset.load_state_dict(resume.source_state)
+        first_seq = resume.start
+    return first_seq, (first_seq, dataset.state_dict())
+
+
+def capture_rng(generator: torch.Generator | None) -> tuple[str, torch.Tensor]:
+    """The state the epoch's random draws start from: the generator's, or torch's global one."""
+    if generator is not None:
+        return "generator", generator.get_state()
+    return "global", torch.get_rng_state()
+
+
+def start_sampler(options: Options) -> Iterator[Any]:
+    """The (batch) sampler's iterator with its first element drawn now (errors kept for later)."""
+    it = iter(options.batch_sampler if options.batch_sampler is not None else options.sampler)
+    try:
+        first = next(it)
+    except StopIteration:
+        return iter(())
+    except Exception as exc:
+        return _raising(exc)
+    return itertools.chain((first,), it)
+
+
+def _raising(exc: Exception) -> Iterator[Any]:
+    raise exc
+    yield

@@ -1,0 +1,123 @@
+"""The checks of AsyncLoader's arguments: each a few lines, each raising DataLoader's exception
+type where DataLoader has the argument, with a message that names it.
+
+Called once, from :class:`asyncloader._options.Options`, in the constructor: a mistake fails at
+the line that made it rather than at the first batch.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import warnings
+from concurrent.futures import Executor
+from typing import Any
+
+import torch
+
+from asyncloader._compat import is_mp_context
+
+
+def check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__qualname__}")
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+
+
+def check_callable(name: str, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {type(value).__qualname__}")
+
+
+def check_instance(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
+    """``value`` is None or a ``kind``; else TypeError: ``{name} must be {what}``."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what}, got {type(value).__qualname__}")
+
+
+def check_timeout(timeout: Any) -> None:
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__qualname__}")
+    if timeout < 0:
+        raise ValueError(f"timeout option should be non-negative, got {timeout=}")
+
+
+def check_workers(num_workers: int, executor: Any, persistent_workers: bool) -> None:
+    check_instance("executor", executor, Executor, "a concurrent.futures.Executor")
+    if executor is not None and num_workers:
+        raise ValueError(
+            f"executor and num_workers={num_workers} are exclusive: num_workers starts "
+            "asyncloader's own pool; with executor=, size the window with prefetch"
+        )
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+
+
+def resolve_mp_context(mp_context: Any, num_workers: int) -> Any:
+    """The multiprocessing context named by ``mp_context`` (None: chosen per epoch)."""
+    if mp_context is None:
+        return None
+    if num_workers == 0:
+        raise ValueError(
+            "mp_context can only be used with multi-process loading (num_workers > 0), "
+            f"but got {num_workers=}"
+        )
+    if isinstance(mp_context, str):
+        valid = multiprocessing.get_all_start_methods()
+        if mp_context not in valid:
+            raise ValueError(f"mp_context={mp_context!r} must be one of {valid}")
+        return multiprocessing.get_context(mp_context)
+    if not is_mp_context(mp_context):
+        raise TypeError(
+            "mp_context must be a start method name or a multiprocessing context, "
+            f"got {type(mp_context).__qualname__}"
+        )
+    return mp_context
+
+
+def resolve_device(device: Any, pin_memory: bool) -> torch.device | None:
+    """Checks that ``device`` exists here; warns once when pinning is impossible."""
+    check_instance("device", device, (str, torch.device), "a str or torch.device")
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={str(device)!r} but CUDA is not available on this machine")
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn(
+            "pin_memory=True but CUDA is not available: batches are passed through unpinned",
+            UserWarning,
+            stacklevel=5,
+        )
+    return device
+
+
+def check_no_indices(name: str, value: Any) -> None:
+    """An iterable dataset has no indices to sample: ``name`` must be left unset."""
+    if value:
+        raise ValueError(
+            f"an iterable dataset has no indices: expected unspecified {name} option, "
+            f"but got {name}={value!r}"
+        )
+
+
+def check_auto_batching(batch_size: int | None, drop_last: bool) -> None:
+    if batch_size is None and drop_last:
+        raise ValueError(
+            "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
+        )
+
+
+def check_map_sampling(
+    batch_size: int | None, shuffle: Any, sampler: Any, batch_sampler: Any, drop_last: bool
+) -> None:
+    """DataLoader's exclusions between the sampling options of a map-style dataset."""
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError(
+                "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                "sampler, and drop_last"
+            )
+    else:
+        check_auto_batching(batch_size, drop_last)

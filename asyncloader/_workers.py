@@ -1,0 +1,137 @@
+"""The worker processes' lifetime across a loader's epochs.
+
+Without ``persistent_workers`` every epoch gets a pool of its own, shut down with it; with it,
+one pool serves every epoch until the loader closes (and is replaced when a worker died). Each
+epoch receives a :class:`WorkerLease`, an async context manager that hands it a started pool
+and, on exit, shuts down the pool if the epoch owned it.
+
+When the epoch starts in the main thread of a process that has no other thread (DataLoader's
+situation) and no start method was asked for, the workers are forked at once, on the
+consumer's thread, before the epoch starts any thread: as quick as DataLoader's start, without
+fork's danger. Otherwise they start on a helper thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import warnings
+from typing import Any
+
+from asyncloader._options import Options, fork_is_safe
+from asyncloader._plan import BatchPlan
+from asyncloader._pool import ProcessPool
+from asyncloader._threads import run_in_thread
+
+_FORK = (
+    multiprocessing.get_context("fork")
+    if "fork" in multiprocessing.get_all_start_methods()
+    else None
+)
+
+
+class WorkerLease:
+    """One epoch's use of a pool: ``async with lease as pool``.
+
+    Args:
+        pool: The pool (started already when ``started``).
+        owned: The epoch owns the pool: it is shut down when the lease exits.
+        failure: The pool failed to start (a fork-now start): raised on entry.
+    """
+
+    def __init__(
+        self, pool: ProcessPool, owned: bool, started: bool, failure: BaseException | None = None
+    ) -> None:
+        self._pool: ProcessPool | None = pool
+        self._owned = owned
+        self._started = started
+        self._failure = failure
+
+    async def __aenter__(self) -> ProcessPool:
+        pool = self._pool
+        assert pool is not None, "a WorkerLease is entered once"
+        if self._failure is not None:
+            raise self._failure
+        if not self._started:
+            try:
+                await run_in_thread(pool.start, "asyncloader-start")
+            except BaseException:
+                await self.__aexit__()
+                raise
+        return pool
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        # An epoch-owned pool's queues and locks are named semaphores in /dev/shm while
+        # referenced: let them go with the epoch, not with the loader.
+        pool, self._pool = self._pool, None
+        if pool is not None and self._owned:
+            await run_in_thread(pool.shutdown, "asyncloader-reaper")
+
+
+class Workers:
+    """A loader's worker processes: one pool per epoch, or one persistent pool.
+
+    Thread-safe: :meth:`lease` runs on the consumer's thread and :meth:`close` may run on any
+    thread (the loader's finalizer included); the persistent pool is swapped under a lock.
+    """
+
+    def __init__(self, options: Options) -> None:
+        self._options = options
+        self._lock = threading.Lock()
+        self._pool: ProcessPool | None = None  # the persistent pool
+        self._persistent_seed: int | None = None
+
+    def lease(self, epoch_seed: int) -> WorkerLease | None:
+        """The pool of the epoch about to start (``None`` without workers).
+
+        Workers seed from ``epoch_seed``, or, when persistent, from the first epoch's seed.
+        """
+        options = self._options
+        if not options.num_workers:
+            return None
+        base_seed = epoch_seed
+        if options.persistent_workers:
+            if self._persistent_seed is None:
+                self._persistent_seed = epoch_seed
+            base_seed = self._persistent_seed
+        fork_now = options.mp_context is None and fork_is_safe() and _FORK is not None
+        pool, owned = self._pool_for(base_seed, _FORK if fork_now else None)
+        if not fork_now:
+            return WorkerLease(pool, owned, started=False)
+        try:
+            pool.start()
+        except Exception as exc:
+            if owned:
+                pool.shutdown()
+            return WorkerLease(pool, owned, started=True, failure=exc)
+        return WorkerLease(pool, owned, started=True)
+
+    def _pool_for(self, base_seed: int, ctx: Any) -> tuple[ProcessPool, bool]:
+        """A new pool owned by the epoch, or the persistent one (replaced when broken)."""
+        options = self._options
+        plan = BatchPlan.of(options)
+        if not options.persistent_workers:
+            return ProcessPool(options, plan, base_seed, ctx), True
+        with self._lock:
+            stale = self._pool if self._pool is not None and self._pool.broken else None
+            if self._pool is None or stale is not None:
+                self._pool = ProcessPool(options, plan, base_seed, ctx)
+            pool = self._pool
+        if stale is not None:
+            stale.shutdown()  # already dead workers: quick
+        return pool, False
+
+    def close(self, warn: bool = False) -> None:
+        """Shuts the persistent pool down (blocking). Idempotent."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if warn:
+            warnings.warn(
+                "AsyncLoader with persistent_workers was never closed; call close() or use "
+                "it as a context manager",
+                ResourceWarning,
+                stacklevel=2,
+            )
+        pool.shutdown()
