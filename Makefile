@@ -30,7 +30,8 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
 
 # The side-by-side benchmark of DataLoader, torchdata.nodes, spdl and asyncloader (~20 min on
-# 2 cores); results in benchmarks/results/ and README's Benchmarks section.
+# 2 cores): the summary in benchmarks/results/ (committed) and README's Benchmarks section, each
+# run's JSON in benchmarks/results/runs/ (not committed). See docs/benchmarks.md.
 bench: $(VENV)/.bench-installed
 	$(PY) -m benchmarks.bench
 

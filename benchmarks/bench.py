@@ -1,10 +1,15 @@
 """The side-by-side benchmark of issue 7: ``make bench`` (full) or ``make bench-quick``.
 
 Runs every (loader, workload, setting) of :mod:`benchmarks.plan` in a fresh process
-(:mod:`benchmarks.run_one`), loaders alternating, several repetitions; samples the peak memory
+(:mod:`benchmarks.run_one`), loaders alternating, several repetitions, with the http workload's
+server (:func:`benchmarks.workloads.http_server`) running beside them; samples the peak memory
 of each run's whole process tree from here; writes one JSON per run, then the medians, the
 Markdown table and the PNG plot (:mod:`benchmarks.report`). A run that delivers the wrong
 samples, fails or hangs stops the benchmark with its error.
+
+Where: the summary (``summary.json``, ``results.md``, ``results.png``) in ``results/``, where
+git keeps the latest full run's, and the per-run JSON in ``results/runs/``, which git ignores;
+a quick run writes both under ``results/quick/`` (ignored too).
 
 ``python -m benchmarks.bench [--quick] [--reps N] [--only WORKLOAD ...] [--out DIR]``;
 ``--report-only`` rewrites the table, plot and README from an existing ``summary.json``.
@@ -21,13 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 from tqdm import tqdm
 
-from benchmarks import plan, plot, report
+from benchmarks import plan, plot, report, workloads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUN_TIMEOUT_S = 300
@@ -37,32 +41,6 @@ REFRESH_EVERY_S = 0.1
 
 class RunFailed(RuntimeError):
     """A benchmark run exited non-zero, timed out, or printed no result."""
-
-
-@contextlib.contextmanager
-def http_server() -> Iterator[int]:
-    """Starts :mod:`benchmarks.http_server` in its own process; yields its port."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.http_server"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        if len(line) != 2 or line[0] != "port":
-            raise RunFailed(f"the http server did not start (it printed {line!r})")
-        yield int(line[1])
-    finally:
-        with contextlib.suppress(BrokenPipeError):
-            assert proc.stdin is not None
-            proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _tree_rss(procs: dict[int, psutil.Process]) -> int:
@@ -138,9 +116,11 @@ def main() -> None:
     started = time.time()
     info = report.machine_info(quick=args.quick, reps=reps)
     results = []
-    needs_http = any(c.workload == "http" for c in cases)
+    http_items = [c.items for c in cases if c.workload == "http"]
     with contextlib.ExitStack() as stack:
-        port = stack.enter_context(http_server()) if needs_http else None
+        port = None
+        if http_items:
+            port = stack.enter_context(workloads.http_server(max(http_items))).port
         bar = stack.enter_context(tqdm(cases, unit="run", desc="benchmark", dynamic_ncols=True))
         for case in bar:
             bar.set_postfix_str(str(case))
@@ -159,12 +139,14 @@ def main() -> None:
 
 
 def publish(summary: dict, out: Path, readme: bool) -> None:
-    """Writes the Markdown table and the plot of ``summary``, and README's Benchmarks section."""
+    """Writes the Markdown tables and the plot of ``summary``, and README's Benchmarks section
+    (the targets table; the table of all runs is in ``results.md``)."""
     markdown = report.markdown(summary)
     (out / "results.md").write_text(markdown)
     plot.plot(summary, out / "results.png")
     if readme:
-        plot.update_readme(Path(__file__).resolve().parent.parent / "README.md", markdown)
+        readme_path = Path(__file__).resolve().parent.parent / "README.md"
+        plot.update_readme(readme_path, report.markdown(summary, all_runs=False))
     print(markdown)
     print(f"\nwritten: {out}/results.md, results.png, summary.json")
 

@@ -171,19 +171,24 @@ def spdl_pipeline(workload: Workload, dataset: Any, setting: int) -> Iterator[An
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def asyncloader_options(workload: Workload, setting: int) -> dict[str, Any]:
+    """AsyncLoader's options for ``workload``: ``setting`` is io_concurrency (io/http, no
+    processes) or num_workers."""
+    if workload.latency_bound:
+        return {"batch_size": workload.batch, "io_concurrency": setting}
+    if workload.name == "cpu":
+        return {"batch_size": workload.batch, "transform": burn, "num_workers": setting}
+    return {"batch_size": workload.batch, "num_workers": setting}
+
+
 @contextlib.contextmanager
-def asyncloader_loader(workload: Workload, dataset: Any, setting: int) -> Iterator[Any]:
-    """``setting`` is io_concurrency (io/http, no processes) or num_workers."""
+def asyncloader_loader(
+    workload: Workload, dataset: Any, setting: int, **options: Any
+) -> Iterator[Any]:
+    """:func:`asyncloader_options`, with ``options`` (other AsyncLoader options) added."""
     from asyncloader import AsyncLoader
 
-    if workload.latency_bound:
-        loader = AsyncLoader(dataset, batch_size=workload.batch, io_concurrency=setting)
-    elif workload.name == "cpu":
-        loader = AsyncLoader(
-            dataset, batch_size=workload.batch, transform=burn, num_workers=setting
-        )
-    else:
-        loader = AsyncLoader(dataset, batch_size=workload.batch, num_workers=setting)
+    loader = AsyncLoader(dataset, **asyncloader_options(workload, setting), **options)
     with loader, contextlib.closing(iter(loader)) as it:
         yield it
 

@@ -107,11 +107,15 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 
 def update_readme(readme: Path, table: str) -> None:
-    """Replaces the Benchmarks section's results between the markers with ``table``."""
+    """Replaces the Benchmarks section's results between the markers with ``table``, a link to
+    the table of all runs and the plot."""
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         return
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
-    body = f"{README_BEGIN}\n{table}\n![benchmark plot](benchmarks/results/results.png)\n"
+    body = (
+        f"{README_BEGIN}\n{table}\nAll runs: [benchmarks/results/results.md]"
+        "(benchmarks/results/results.md).\n\n![benchmark plot](benchmarks/results/results.png)\n"
+    )
     readme.write_text(head + body + README_END + tail)

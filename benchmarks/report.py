@@ -222,8 +222,9 @@ def fmt(x: Any, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    """The targets and the full table of medians, with where and when they were measured."""
+def markdown(summary: dict[str, Any], all_runs: bool = True) -> str:
+    """The targets and (``all_runs``) the full table of medians, with where and when they were
+    measured."""
     m = summary["machine"]
     v = m["versions"]
     lines = [
@@ -250,6 +251,8 @@ def markdown(summary: dict[str, Any]) -> str:
             f"| {t['name']} | {t['need']} | {fmt(t['value'], digits)} | "
             f"{fmt(t['steady'], digits)} | {t['against']} | {met} |"
         )
+    if not all_runs:
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         "**All runs** (medians). *setting* is io_concurrency (threads for torchdata, stage "

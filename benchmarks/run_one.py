@@ -20,6 +20,8 @@ import resource
 import sys
 import time
 import warnings
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psutil
@@ -64,13 +66,17 @@ def prepare(
     return workload, checker, dataset
 
 
-def run(loader: str, workload_name: str, setting: int, items: int, port: int | None) -> dict:
-    """Builds the loader, consumes one epoch, checks it; returns the measurements."""
-    workload, checker, dataset = prepare(loader, workload_name, items, port)
-    build = BUILDERS[loader]
+def measure(loader: AbstractContextManager[Iterable[Any]], checker: Checker) -> dict[str, Any]:
+    """Consumes one epoch of ``loader``, checked by ``checker``; returns its timings.
+
+    The clock starts just before ``loader`` is entered (which builds the loader: a builder of
+    :data:`benchmarks.loaders.BUILDERS` builds nothing until then) and stops at the last batch;
+    closing is timed apart. Raises :class:`~benchmarks.checks.DeliveryError` on a wrong delivery.
+    """
+    items = checker.n
     cpu0 = tree_cpu_seconds()
     t0 = time.perf_counter()
-    with build(workload, dataset, setting) as batches:
+    with loader as batches:
         it = iter(batches)
         first = checker.add(next(it))
         t_first = time.perf_counter()
@@ -82,12 +88,6 @@ def run(loader: str, workload_name: str, setting: int, items: int, port: int | N
     checker.verify()
     wall = t_end - t0
     return {
-        "loader": loader,
-        "workload": workload_name,
-        "setting": setting,
-        "setting_name": "num_workers" if _is_workers(loader, workload) else "io_concurrency",
-        "items": items,
-        "batch": workload.batch,
         "items_per_s": items / wall,
         "steady_items_per_s": (items - first) / (t_end - t_first) if items > first else None,
         "ttfb_s": t_first - t0,
@@ -95,6 +95,26 @@ def run(loader: str, workload_name: str, setting: int, items: int, port: int | N
         "close_s": t_closed - t_end,
         "cpu_s": cpu,
         "cpu_ms_per_item": cpu * 1e3 / items,
+    }
+
+
+def run(
+    loader: str, workload_name: str, setting: int, items: int, port: int | None, **options: Any
+) -> dict:
+    """Builds the loader, consumes one epoch, checks it; returns the measurements.
+
+    ``options`` go to the loader's builder (only asyncloader's takes any: AsyncLoader options).
+    """
+    workload, checker, dataset = prepare(loader, workload_name, items, port)
+    timings = measure(BUILDERS[loader](workload, dataset, setting, **options), checker)
+    return {
+        "loader": loader,
+        "workload": workload_name,
+        "setting": setting,
+        "setting_name": "num_workers" if _is_workers(loader, workload) else "io_concurrency",
+        "items": items,
+        "batch": workload.batch,
+        **timings,
         "self_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "check": {"ok": True, **checker.summary()},
     }
@@ -105,13 +125,18 @@ def _is_workers(loader: str, workload) -> bool:
     return loader == "DataLoader" or not workload.latency_bound
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def case_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the arguments that name one run: ``LOADER WORKLOAD SETTING ITEMS``."""
     parser.add_argument("loader", choices=sorted(BUILDERS))
     parser.add_argument("workload", choices=sorted(WORKLOADS))
     parser.add_argument("setting", type=int)
     parser.add_argument("items", type=int)
-    parser.add_argument("--port", type=int)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    case_arguments(parser)
+    parser.add_argument("--port", type=int, help="the http workload's server")
     args = parser.parse_args()
     # http samples are np.frombuffer views of the response bytes, read-only for every loader.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -8,33 +8,53 @@ it from another checkout (``git worktree add /tmp/old a08f578``; run from this t
 interpreter is used; the run imports the other tree's ``asyncloader`` and ``benchmarks``).
 ``--busy N`` keeps N busy-loop processes running beside the runs, to see
 how the ranking holds on a loaded machine. Items/s over the epoch is what the benchmark's
-targets use; the other columns are its other measurements.
+targets use; the other columns are its other measurements. The http workload's server runs
+for the whole comparison, as in the benchmark.
+
+:func:`in_fresh_process` is how the probes (:mod:`benchmarks.probes`) run each measurement in
+a process of its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-HERE = Path(__file__).resolve().parent.parent
+from benchmarks.workloads import http_server
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(loader: str, workload: str, setting: int, items: int) -> dict:
-    """One fresh-process run of ``benchmarks.run_one``, in ``loader``'s tree."""
-    name, _, tree = loader.partition("@")
+def in_fresh_process(module: str, *args: object, cwd: Path | str = ROOT) -> Any:
+    """Runs ``python -m module args...`` in ``cwd``; returns its last line of output, as JSON.
+
+    Raises ``subprocess.CalledProcessError`` (with its stderr) if it exits non-zero.
+    """
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run_one", name, workload, str(setting), str(items)],
+        [sys.executable, "-m", module, *map(str, args)],
         capture_output=True,
         text=True,
         check=True,
-        cwd=tree or HERE,
+        cwd=cwd,
     )
-    return json.loads(out.stdout)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(loader: str, workload: str, setting: int, items: int, port: int | None = None) -> dict:
+    """One fresh-process run of ``benchmarks.run_one``, in ``loader``'s tree; ``port`` is the
+    http workload's server's."""
+    name, _, tree = loader.partition("@")
+    args: list[object] = [name, workload, setting, items]
+    if port is not None:
+        args += ["--port", port]
+    return in_fresh_process("benchmarks.run_one", *args, cwd=tree or ROOT)
 
 
 def main() -> None:
@@ -49,9 +69,13 @@ def main() -> None:
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     runs: dict[str, list[dict]] = {loader: [] for loader in args.loaders}
     try:
-        for _ in range(args.reps):
-            for loader in args.loaders:
-                runs[loader].append(run(loader, args.workload, args.setting, args.items))
+        with contextlib.ExitStack() as stack:
+            port = None
+            if args.workload == "http":
+                port = stack.enter_context(http_server(args.items)).port
+            for _ in range(args.reps):
+                for loader in args.loaders:
+                    runs[loader].append(run(loader, args.workload, args.setting, args.items, port))
     finally:
         for proc in busy:
             proc.kill()

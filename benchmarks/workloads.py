@@ -1,9 +1,12 @@
-"""The benchmark workloads of DESIGN.md, as datasets every loader can read.
+"""The benchmark workloads of DESIGN.md, as datasets every loader can read, and the http
+workload's server.
 
 Each workload has a blocking flavour (DataLoader, torchdata.nodes threads or processes) and,
 where the work is waiting, an ``async`` flavour (asyncloader, SPDL's async stage); both give
 identical samples (see :mod:`benchmarks.checks`). Everything here is picklable and defined at
-module level, so worker processes started by any method can import it.
+module level, so worker processes started by any method can import it. The http workload's
+server (:func:`http_server`) is ``examples/latency_server.py``, the repository's one latency
+server (the demo's too), serving :class:`HttpBodies`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.checks import make_sample
+from examples.latency_server import LatencyServer
 
 LATENCY_S = 0.020
 IO_SHAPE = (1024,)
@@ -46,8 +50,8 @@ WORKLOADS = {
 }
 
 
-class _Sized:
-    """``n`` samples, indices ``0..n-1``."""
+class Samples:
+    """``n`` samples, indices ``0..n-1``; subclasses define ``__getitem__``."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -56,7 +60,7 @@ class _Sized:
         return self.n
 
 
-class SleepSource(_Sized):
+class SleepSource(Samples):
     """io, blocking: each sample arrives after ``time.sleep(LATENCY_S)``."""
 
     def __getitem__(self, index: int) -> np.ndarray:
@@ -64,7 +68,7 @@ class SleepSource(_Sized):
         return make_sample(index, IO_SHAPE)
 
 
-class AsyncSleepSource(_Sized):
+class AsyncSleepSource(Samples):
     """io, async: each sample arrives after ``await asyncio.sleep(LATENCY_S)``."""
 
     async def __getitem__(self, index: int) -> np.ndarray:
@@ -83,14 +87,28 @@ def _connection(port: int) -> http.client.HTTPConnection:
     return conn
 
 
-class HttpSource:
+class HttpBodies(Samples):
+    """What the http workload's server sends: ``GET /<index>`` gets sample ``index``'s bytes."""
+
+    def __getitem__(self, index: int) -> bytes:
+        return make_sample(index, HTTP_SHAPE).tobytes()
+
+
+def http_server(n: int, latency: float = LATENCY_S) -> LatencyServer:
+    """The http workload's server, not yet started: samples ``0..n-1``, ``latency`` each.
+
+    Its own process, for the whole benchmark; ``with http_server(n) as server:`` starts it and
+    ``server.port`` is what the http sources below connect to.
+    """
+    return LatencyServer(HttpBodies(n), latency=latency)
+
+
+class HttpSource(Samples):
     """http, blocking: ``GET /<index>`` with http.client, one keep-alive connection a thread."""
 
     def __init__(self, n: int, port: int) -> None:
-        self.n, self.port = n, port
-
-    def __len__(self) -> int:
-        return self.n
+        super().__init__(n)
+        self.port = port
 
     def __getitem__(self, index: int) -> np.ndarray:
         conn = _connection(self.port)
@@ -102,7 +120,7 @@ class HttpSource:
         return np.frombuffer(body, dtype=np.uint8)
 
 
-class AsyncHttpSource:
+class AsyncHttpSource(Samples):
     """http, async: ``GET /<index>`` over asyncio streams, reusing idle keep-alive connections.
 
     A minimal HTTP/1.1 client (the server always sends Content-Length), so that the async and
@@ -110,11 +128,9 @@ class AsyncHttpSource:
     """
 
     def __init__(self, n: int, port: int) -> None:
-        self.n, self.port = n, port
+        super().__init__(n)
+        self.port = port
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getstate__(self) -> dict:
         return {"n": self.n, "port": self.port, "_idle": []}
@@ -172,14 +188,19 @@ class BurnedSource(MemorySource):
         return burn(self.data[index])
 
 
-class BigSource(_Sized):
-    """big: a 3x224x224 sample made where ``__getitem__`` runs (in the worker)."""
+class BigSource(Samples):
+    """big: a 3x224x224 sample (or one of ``shape``) made where ``__getitem__`` runs (in the
+    worker)."""
+
+    def __init__(self, n: int, shape: tuple[int, ...] = BIG_SHAPE) -> None:
+        super().__init__(n)
+        self.shape = shape
 
     def __getitem__(self, index: int) -> np.ndarray:
-        return make_sample(index, BIG_SHAPE)
+        return make_sample(index, self.shape)
 
 
-class IndexSource(_Sized):
+class IndexSource(Samples):
     """overhead: ``__getitem__`` returns the index: what is left is the loader's own cost."""
 
     def __getitem__(self, index: int) -> int:

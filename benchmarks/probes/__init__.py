@@ -1,0 +1,14 @@
+"""One-off investigations behind the numbers in ``docs/``, each built on the harness
+(:mod:`benchmarks.workloads`, :mod:`benchmarks.loaders`, :mod:`benchmarks.run_one`'s measuring,
+:func:`benchmarks.side_by_side.in_fresh_process` and the http workload's server). ``make
+bench`` runs none of them. Run each from the repository root as ``python -m
+benchmarks.probes.NAME``; ``--help`` says what it measures.
+
+- ``gpu_copy``: host-to-GPU copy, pageable against pinned against asyncloader's device thread.
+- ``http_scaling``: ``HTTPSource``'s items/s against ``io_concurrency`` behind the 20 ms server.
+- ``io_ceiling``: a bare uvloop program on the io workload, the ceiling asyncloader is held to.
+- ``process_split``: one epoch's CPU and page faults, main process against each worker.
+- ``seed_cost``: the cost of ``seed_per_sample`` on the cpu workload.
+- ``sleep_precision``: how long ``asyncio.sleep(0.020)`` really takes.
+- ``sync_vs_async``: ``for`` (the sync wrapper) against ``async for`` on io.
+"""

@@ -1,0 +1,1 @@
+"""Runnable examples (``make demo``); ``latency_server`` is also the benchmarks' HTTP server."""
