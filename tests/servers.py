@@ -43,12 +43,15 @@ class Faults:
 
     Attributes:
         latency: Seconds added before every response.
+        jitter: Up to this many seconds more, drawn per request (from ``seed``), so that
+            responses finish out of order.
         rates: Probability of each fault in FAULTS per request (drawn from ``seed``).
         script: Per path, faults for its first requests, in order ("ok" for none).
         stall: Seconds a "stall" lasts.
     """
 
     latency: float = 0.0
+    jitter: float = 0.0
     rates: dict[str, float] = field(default_factory=dict)
     script: dict[str, list[str]] = field(default_factory=dict)
     seed: int = 0
@@ -124,8 +127,11 @@ class FaultyHTTPServer:
         path = request.path.lstrip("/")
         fault = self._choose(path)
         self.requests.append(Request(request.method, path, request.headers.get("Range"), fault))
-        if self.faults.latency:
-            await asyncio.sleep(self.faults.latency)
+        delay = self.faults.latency
+        if self.faults.jitter:  # drawn only then: the faults drawn for a seed stay the same
+            delay += self._rng.random() * self.faults.jitter
+        if delay:
+            await asyncio.sleep(delay)
         if fault == "stall":
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.faults.stall)
@@ -334,3 +340,27 @@ class SeaweedS3:
         for port in self.ports:
             for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
                 sock.unlink(missing_ok=True)
+
+
+def put_objects(server: SeaweedS3, objects: Mapping[str, bytes]) -> list[str]:
+    """Uploads ``objects`` (key -> bytes) into the test bucket; returns their s3:// URLs."""
+    import s3fs
+
+    async def upload() -> None:
+        fs = s3fs.S3FileSystem(asynchronous=True, **server.storage_options)
+        await fs.set_session()
+        try:
+            for key, data in objects.items():
+                for attempt in range(50):  # the bucket appears shortly after the gateway
+                    try:
+                        await fs._pipe_file(f"{BUCKET}/{key}", data)
+                        break
+                    except FileNotFoundError:
+                        if attempt == 49:
+                            raise
+                        await asyncio.sleep(POLL_DELAY_S)  # the external gateway's
+        finally:
+            await fs._s3.close()
+
+    asyncio.run(upload())
+    return [f"s3://{BUCKET}/{key}" for key in objects]

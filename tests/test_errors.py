@@ -44,7 +44,7 @@ def test_getitem_error_keeps_type_attributes_and_traceback(mode, num_workers):
     assert indices_of(seen) == list(range(8)), "batches before the failing one are delivered"
     assert "asyncloader: stage=fetch batch=2 index=9 indices=[8, 9, 10, 11]" in exc.__notes__
     text = "".join(traceback.format_exception(exc))
-    assert "FailingSource raises here" in text and "helpers.py" in text
+    assert "FailingSource raises here" in text and "helpers/sources.py" in text
     if num_workers:
         assert isinstance(exc.__cause__, RemoteTraceback)
 

@@ -10,8 +10,7 @@ from asyncloader import AsyncLoader, FetchError
 from asyncloader.sources import ObjectStoreSource, Retry, ShardedSource
 from asyncloader.sources._objectstore import tuned_options
 from tests.helpers import shard_set
-from tests.servers import ACCESS_KEY, SECRET_KEY, Faults
-from tests.sources.conftest import put_objects
+from tests.servers import ACCESS_KEY, SECRET_KEY, Faults, put_objects
 
 FAST = Retry(attempts=8, backoff=0.001, max_backoff=0.01)
 

@@ -12,8 +12,8 @@ from asyncloader import AsyncLoader
 from asyncloader.sources import Retry, ShardedSource
 from asyncloader.sources._stream import DEPTH, ShardStream
 from tests.helpers import shard_set
+from tests.helpers.contracts import check_resume
 from tests.servers import Faults
-from tests.test_state import check_resume
 
 FAST = Retry(attempts=8, backoff=0.001, max_backoff=0.01)
 SIZES = [7, 12, 5, 9, 3, 11, 6]

@@ -1,4 +1,4 @@
-"""Sources and probes shared by the tests (importable in worker processes)."""
+"""Sources, transforms and probes shared by the tests (importable in worker processes)."""
 
 from __future__ import annotations
 
@@ -92,20 +92,33 @@ def add_one(x: np.ndarray) -> np.ndarray:
     return x + 1
 
 
+def jitter(x: Any) -> Any:
+    """A transform that waits a random latency fixed per sample (an array's first value, or a
+    dict's ``__key__``), up to a quarter of MAX_LATENCY_S, so batches finish out of order in
+    the executor; returns ``x``."""
+    name = x["__key__"] if isinstance(x, dict) else int(x[0])
+    time.sleep(random.Random(name).random() * MAX_LATENCY_S / 4)
+    return x
+
+
 def worker_processes() -> set[int]:
-    """Live descendants of this process, except multiprocessing's per-interpreter singletons.
+    """Live descendants of this process, except multiprocessing's per-interpreter singletons
+    and servers the tests start.
 
     The fork server and the resource tracker are started once per interpreter by
     multiprocessing and serve every pool; the fork server's children (the workers) count.
+    A server process (SeaweedFS, kept for the session) runs in a session of its own, which
+    workers never do.
     """
-    pids = set()
+    pids, session = set(), os.getsid(0)
     for child in psutil.Process(os.getpid()).children():
         try:
             cmdline = " ".join(child.cmdline())
             family = child.children(recursive=True)
-        except psutil.NoSuchProcess:
+            own_session = os.getsid(child.pid) != session
+        except (psutil.NoSuchProcess, ProcessLookupError):
             continue
-        if "resource_tracker" in cmdline:
+        if "resource_tracker" in cmdline or own_session:
             continue
         if "forkserver" not in cmdline:
             family.append(child)
@@ -121,6 +134,16 @@ def worker_processes() -> set[int]:
 def loader_threads() -> set[threading.Thread]:
     """Threads alive now other than the main thread."""
     return {t for t in threading.enumerate() if t is not threading.main_thread()}
+
+
+#: Threads of a loader's event loop (its thread, and the loop's default executor's), which the
+#: loader's ``for`` epochs share and which live until the loader closes.
+LOOP_THREADS = ("asyncloader-loop", "uvloop_", "asyncio_")
+
+
+def epoch_threads() -> set[threading.Thread]:
+    """Threads alive now other than the main thread and a loader's event-loop threads."""
+    return {t for t in loader_threads() if not t.name.startswith(LOOP_THREADS)}
 
 
 class CodedError(Exception):

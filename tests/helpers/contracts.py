@@ -1,0 +1,156 @@
+"""Contract checkers: each checks one guarantee of the loader, through its public API only.
+
+tests/test_contracts.py runs every checker over every kind of source and placement; the state
+and sharded-resume tests use ``check_resume`` too. A checker raises AssertionError saying
+what broke; tests/test_contracts.py also feeds each one a wrong run to show that it can fail.
+
+The order and exactly-once checkers take batches as lists of sample ids (``epoch(loader,
+key)`` with a ``key`` that maps a batch to its ids); the resume checker compares whatever
+``key`` returns, JSON-able (``flat`` for tensors and dicts of tensors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from tests.helpers.sources import epoch_threads, loader_threads, worker_processes
+
+#: Ways to stop an epoch early: ``break`` out of ``for``, ``close()`` the loader mid-epoch
+#: (its iterator still referenced), ``break`` out of ``async for`` inside ``async with``.
+STOPS = ("break", "close", "aclose")
+
+
+def flat(batch: Any) -> Any:
+    """A comparable, JSON-able form of a batch (a tensor or a dict of tensors)."""
+    if isinstance(batch, dict):
+        return {k: v.tolist() for k, v in batch.items()}
+    return batch.tolist()
+
+
+def epoch(
+    loader: Any, key: Callable[[Any], Any] = flat, *, mode: str = "sync", step_s: float = 0.0
+) -> list:
+    """One epoch through ``for`` (``mode="sync"``) or ``async for`` (``"async"``), each batch
+    as ``key(batch)``; with ``step_s``, a consumer that takes that long per batch."""
+    if mode == "sync":
+        out = []
+        for batch in loader:
+            out.append(key(batch))
+            time.sleep(step_s)
+        return out
+
+    async def run() -> list:
+        out = []
+        async for batch in loader:
+            out.append(key(batch))
+            await asyncio.sleep(step_s)
+        return out
+
+    return asyncio.run(run())
+
+
+def check_order(batches: Sequence[Sequence], expected: Iterable) -> None:
+    """Order: the samples of ``batches``, in delivery order, are ``expected``, in its order."""
+    got, want = [s for b in batches for s in b], list(expected)
+    at = next((i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), None)
+    if at is None and len(got) != len(want):
+        at = min(len(got), len(want))
+    assert at is None, (
+        f"order broken at sample {at}: got {got[at : at + 4]}, expected {want[at : at + 4]} "
+        f"({len(got)} samples delivered, {len(want)} expected)"
+    )
+
+
+def check_exactly_once(batches: Sequence[Sequence], expected: Iterable) -> None:
+    """Exactly once: the samples of ``batches`` are those of ``expected``, each as often."""
+    got, want = Counter(s for b in batches for s in b), Counter(expected)
+    missing = sorted((want - got).elements(), key=repr)
+    extra = sorted((got - want).elements(), key=repr)
+    assert not missing and not extra, (
+        f"missing {missing[:8]} ({len(missing)}); "
+        f"more often than expected {extra[:8]} ({len(extra)})"
+    )
+
+
+def check_bounded_window(stats: Any) -> None:
+    """Bounded window: batches ahead of the consumer never exceeded ``stats.window``, samples
+    being fetched never exceeded ``stats.io_concurrency``; and the pipeline did run ahead
+    (``max_ahead > 1``), so the bound was exercised, which a slow consumer ensures."""
+    assert 1 < stats.max_ahead <= stats.window, (
+        f"max_ahead={stats.max_ahead} must be in (1, window={stats.window}]"
+    )
+    assert 0 <= stats.max_fetching <= stats.io_concurrency, (
+        f"max_fetching={stats.max_fetching} exceeds io_concurrency={stats.io_concurrency}"
+    )
+
+
+def check_clean_shutdown(loader: Any, stop: str) -> None:
+    """Clean shutdown: after one batch, stop the epoch by ``stop`` (one of STOPS); by then
+    no thread and no worker process it started is left. After ``break`` the loader's own
+    ``asyncloader-loop`` thread (shared by its ``for`` epochs) may stay, until ``close()``."""
+    threads, procs = loader_threads(), worker_processes()
+    if stop == "break":
+        for _ in loader:
+            break
+        left = sorted(t.name for t in epoch_threads() - threads)
+        assert not left, f"epoch threads left after break: {left}"
+        assert not worker_processes() - procs, "worker processes left after break"
+        loader.close()
+    elif stop == "close":
+        it = iter(loader)
+        next(it)
+        loader.close()
+    elif stop == "aclose":
+
+        async def run() -> None:
+            async with loader:
+                async for _ in loader:
+                    break
+
+        asyncio.run(run())
+    else:
+        raise ValueError(f"{stop=} must be one of {STOPS}")
+    left = sorted(t.name for t in loader_threads() - threads)
+    assert not left, f"threads left after {stop}: {left}"
+    assert not worker_processes() - procs, f"worker processes left after {stop}"
+
+
+def check_resume(
+    make_loader: Callable[..., Any],
+    points: Iterable[int] | None = None,
+    *,
+    key: Callable[[Any], Any] = flat,
+    in_order: bool = True,
+    save_with: dict | None = None,
+    resume_with: dict | None = None,
+) -> None:
+    """Resume: stop after k batches, for each k of ``points`` (every position, 0 to the
+    epoch's length, when None), round-trip ``state_dict()`` through JSON, load it into a
+    fresh ``make_loader(**resume_with)`` and finish the epoch there.
+
+    With ``in_order`` the batches before the stop and after the resume equal the
+    uninterrupted epoch's, batch for batch; without, together they are its batches, each
+    once. ``save_with`` and ``resume_with`` are the two loaders' own keyword arguments.
+    """
+    save_with, resume_with = save_with or {}, resume_with or {}
+    reference = epoch(make_loader(**save_with), key)
+    for k in range(len(reference) + 1) if points is None else points:
+        first = make_loader(**save_with)
+        it = iter(first)
+        seen = [key(next(it)) for _ in range(k)]
+        state = json.loads(json.dumps(first.state_dict()))
+        it.close()
+        second = make_loader(**resume_with)
+        second.load_state_dict(state)
+        rest = epoch(second, key)
+        if in_order:
+            assert seen == reference[:k], f"stopped after {k}: the batches before differ"
+            assert rest == reference[k:], f"resumed after {k}: the batches after differ"
+        else:
+            as_text = [json.dumps(b) for b in seen + rest]
+            check_exactly_once([as_text], (json.dumps(b) for b in reference))

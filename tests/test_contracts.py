@@ -1,0 +1,334 @@
+"""The loader's contracts, each checked by one checker of tests/helpers/contracts.py, over every
+kind of source and placement: order, exactly-once, bounded window, clean shutdown, resume.
+
+KINDS is the table of sources; each kind names in ``cannot`` what it cannot do and why, and
+the tests check what it does instead (a stream without state_dict() keeps the resume contract
+by being replayed, and must say so). The last tests feed each checker a wrong run, to show
+that it can fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from asyncloader import AsyncLoader
+from asyncloader.sources import FileSource, HTTPSource, ObjectStoreSource, Retry, ShardedSource
+from tests.helpers import AsyncIterSource, AsyncSource, IterSource, SyncSource, jitter, shard_set
+from tests.helpers.contracts import (
+    STOPS,
+    check_bounded_window,
+    check_clean_shutdown,
+    check_exactly_once,
+    check_order,
+    check_resume,
+    epoch,
+)
+from tests.servers import BUCKET, Faults, FaultyHTTPServer, put_objects
+
+N, BATCH, SEED = 42, 4, 3  # 10 batches and a short one
+SHARD_SIZES = [7, 12, 5, 9, 9]  # N samples in uneven shards
+JITTER_S = 0.004  # random latency per request, as the in-memory sources have per sample
+SLOW_STEP_S = 0.004  # a slow consumer, so the pipeline runs as far ahead as it may
+FAST = Retry(attempts=8, backoff=0.001, max_backoff=0.01)
+
+
+def body(i: int) -> bytes:
+    """The bytes of remote or file item ``i``: its index, readable back by ``body_id``."""
+    return f"{i:04d}".encode() * 64
+
+
+def body_id(data: bytes) -> int:
+    return int(data[:4])
+
+
+ITEMS = {f"contracts/{i:04d}": body(i) for i in range(N)}
+SHARDS = {f"contracts/{name}": data for name, data in shard_set(5, SHARD_SIZES).items()}
+
+
+# The servers' threads live as long as their fixtures: module-scoped, not session-scoped, so
+# that later modules start in a process without other threads (workers are forked then).
+
+
+@pytest.fixture(scope="module")
+def contract_http():
+    """ITEMS and SHARDS served on 127.0.0.1, each response after a random latency."""
+    with FaultyHTTPServer(ITEMS | SHARDS, Faults(jitter=JITTER_S, seed=SEED)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def contract_s3(seaweed):
+    """storage_options for ITEMS in SeaweedFS, through a proxy adding a random latency."""
+    put_objects(seaweed, ITEMS)
+    with FaultyHTTPServer({}, Faults(jitter=JITTER_S, seed=SEED), seaweed.endpoint) as proxy:
+        endpoint = {"endpoint_url": proxy.url("")[:-1]}
+        options = seaweed.storage_options
+        yield options | {"client_kwargs": options["client_kwargs"] | endpoint}
+
+
+@pytest.fixture(scope="module")
+def contract_files(tmp_path_factory):
+    """ITEMS as local files; their paths."""
+    folder = tmp_path_factory.mktemp("contracts")
+    paths = []
+    for name, data in ITEMS.items():
+        paths.append(folder / name.split("/")[1])
+        paths[-1].write_bytes(data)
+    return paths
+
+
+# Factories of fresh sources, one per kind; ``request`` starts the servers a kind needs.
+
+
+def files(request) -> Callable[[], FileSource]:
+    paths = request.getfixturevalue("contract_files")
+    return lambda: FileSource(paths)
+
+
+def http(request) -> Callable[[], HTTPSource]:
+    server = request.getfixturevalue("contract_http")
+    urls = [server.url(name) for name in ITEMS]
+    return lambda: HTTPSource(urls, retry=FAST)
+
+
+def object_store(request) -> Callable[[], ObjectStoreSource]:
+    options = request.getfixturevalue("contract_s3")
+    keys = [f"s3://{BUCKET}/{name}" for name in ITEMS]
+    return lambda: ObjectStoreSource(keys, storage_options=options, retry=FAST)
+
+
+def sharded_tar(request) -> Callable[[], ShardedSource]:
+    server = request.getfixturevalue("contract_http")
+    urls = [server.url(name) for name in SHARDS]
+    opts = dict(samples_per_shard=SHARD_SIZES, shuffle_buffer=6, retry=FAST, seed=SEED)
+    return lambda: ShardedSource(urls, **opts)
+
+
+def row_id(row: Any) -> int:
+    return int(row[0])
+
+
+def key_id(sample: dict) -> str:
+    return sample["__key__"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of source and how the contract tests use it.
+
+    Attributes:
+        name: The kind, as tests name it.
+        sources: ``sources(request)`` is a factory of fresh sources (its servers started).
+        sample_id: Reads a delivered sample's id (its index, or its key).
+        map_style: Shuffled by the loader's sampler (else a stream, in its own order).
+        loader_kw: The loader's arguments it needs (collate, a jittered transform).
+        cannot: What it cannot do, and why; the tests check what it does instead.
+        resume_points: Batches to stop after; None: after every one.
+    """
+
+    name: str
+    sources: Callable[[pytest.FixtureRequest], Callable[[], Any]]
+    sample_id: Callable[[Any], Any]
+    map_style: bool
+    loader_kw: dict = field(default_factory=dict)
+    cannot: dict[str, str] = field(default_factory=dict)
+    resume_points: tuple[int, ...] | None = None
+
+
+REPLAYED = "restart at its position"
+STATELESS = {REPLAYED: "no state_dict(): resume replays it, dropping the batches delivered"}
+BYTES = {"collate_fn": list}
+STREAM = {"transform": jitter}  # batches finish out of order in the executor
+KINDS = [
+    Kind("sync-map", lambda r: lambda: SyncSource(N), row_id, True),
+    Kind("async-map", lambda r: lambda: AsyncSource(N), row_id, True),
+    Kind("sync-iterable", lambda r: lambda: IterSource(N), row_id, False, STREAM, STATELESS),
+    Kind("async-iterable", lambda r: lambda: AsyncIterSource(N), row_id, False, STREAM, STATELESS),
+    Kind("files", files, body_id, True, BYTES),
+    Kind("http", http, body_id, True, BYTES),
+    # Each loader makes its own S3 client (~0.4 s): five stops, not twelve.
+    Kind("object-store", object_store, body_id, True, BYTES, resume_points=(0, 1, 6, 10, 11)),
+    Kind("sharded-tar", sharded_tar, key_id, False, BYTES | STREAM),
+]
+PLACEMENTS = [pytest.param(0, id="workers=0"), pytest.param(2, id="workers=2")]
+WORKER_RESUME_POINTS = (6,)  # with workers, one stop mid-epoch: each loader starts a pool
+
+
+def by_kind(fn):
+    """Parametrises a test over KINDS and PLACEMENTS."""
+    fn = pytest.mark.parametrize("num_workers", PLACEMENTS)(fn)
+    return pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])(fn)
+
+
+@pytest.fixture
+def sources(request, kind):
+    """A factory of fresh sources of ``kind``, its servers started."""
+    return kind.sources(request)
+
+
+def loader(kind, sources, **kw) -> AsyncLoader:
+    """A loader over a fresh source; map-style sources are shuffled from SEED."""
+    opts = dict(batch_size=BATCH, **kind.loader_kw)
+    if kind.map_style:
+        opts |= dict(shuffle=True, generator=generator())
+    return AsyncLoader(sources(), **opts | kw)
+
+
+def generator() -> torch.Generator:
+    return torch.Generator().manual_seed(SEED)
+
+
+def key_of(kind):
+    return lambda batch: [kind.sample_id(s) for s in batch]
+
+
+def expected(kind, sources) -> list:
+    """The order the samples must come in: DataLoader's with the same shuffle (map-style), or
+    the stream's own."""
+    if kind.map_style:
+        shuffled = DataLoader(range(N), batch_size=BATCH, shuffle=True, generator=generator())
+        return [int(i) for batch in shuffled for i in batch]
+    source = sources()
+    if hasattr(source, "__aiter__"):
+
+        async def stream():
+            return [kind.sample_id(s) async for s in source]
+
+        return asyncio.run(stream())
+    return [kind.sample_id(s) for s in source]
+
+
+@by_kind
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_order(kind, sources, num_workers, mode):
+    """in_order=True: samples come in sampler (or stream) order though they finish out of order."""
+    batches = epoch(loader(kind, sources, num_workers=num_workers), key_of(kind), mode=mode)
+    check_order(batches, expected(kind, sources))
+
+
+@by_kind
+def test_exactly_once(kind, sources, num_workers):
+    """in_order=False: every sample of the epoch is delivered exactly once."""
+    made = loader(kind, sources, num_workers=num_workers, in_order=False)
+    check_exactly_once(epoch(made, key_of(kind)), expected(kind, sources))
+
+
+@by_kind
+def test_bounded_window(kind, sources, num_workers):
+    """A slow consumer: batches ahead stay within stats.window, fetches within io_concurrency."""
+    made = loader(kind, sources, num_workers=num_workers, io_concurrency=8, prefetch=2)
+    epoch(made, key_of(kind), step_s=SLOW_STEP_S)
+    check_bounded_window(made.stats)
+
+
+@by_kind
+@pytest.mark.parametrize("stop", STOPS)
+def test_clean_shutdown(kind, sources, num_workers, stop):
+    """Stopped after one batch, the epoch leaves no thread and no worker process behind."""
+    check_clean_shutdown(loader(kind, sources, num_workers=num_workers), stop)
+
+
+def resume(kind, sources, points, **kw) -> None:
+    """check_resume over ``kind``; a stateless stream must warn that it is replayed."""
+
+    def make(**opts) -> AsyncLoader:
+        return loader(kind, sources, **opts | kw)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_resume(make, points, key=key_of(kind), in_order=kw.get("in_order", True))
+    replayed = any("pulling and dropping" in str(w.message) for w in caught)
+    assert replayed == (REPLAYED in kind.cannot), [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
+def test_resume_at_every_position(kind, sources):
+    """Stopped after any k batches and resumed in a new loader: the same batches follow."""
+    resume(kind, sources, kind.resume_points)
+
+
+@pytest.mark.parametrize("in_order", [True, False], ids=["in_order", "unordered"])
+@pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
+def test_resume_with_workers(kind, sources, in_order):
+    """With 2 workers, mid-epoch: the same batches follow, or (unordered) the missing ones."""
+    resume(kind, sources, WORKER_RESUME_POINTS, num_workers=2, in_order=in_order)
+
+
+# The checkers can fail: each is fed a run that breaks its contract.
+
+
+def test_order_checker_rejects_a_swap_and_a_missing_tail():
+    """check_order fails when two samples are swapped or the last one is missing."""
+    check_order([[0, 1], [2, 3]], range(4))
+    with pytest.raises(AssertionError, match="order broken at sample 1"):
+        check_order([[0, 2], [1, 3]], range(4))
+    with pytest.raises(AssertionError, match="order broken at sample 3"):
+        check_order([[0, 1], [2]], range(4))
+
+
+def test_exactly_once_checker_rejects_a_duplicate_and_a_loss():
+    """check_exactly_once fails on a sample delivered twice and on one never delivered."""
+    check_exactly_once([[3, 1], [0, 2]], range(4))
+    with pytest.raises(AssertionError, match=r"more often than expected \[1\]"):
+        check_exactly_once([[0, 1], [1, 2, 3]], range(4))
+    with pytest.raises(AssertionError, match=r"missing \[2\]"):
+        check_exactly_once([[0, 1], [3]], range(4))
+
+
+def test_window_checker_rejects_overshoot_and_an_unexercised_bound():
+    """check_bounded_window fails past either bound, and when nothing ran ahead."""
+    ok = dict(window=4, max_ahead=4, io_concurrency=8, max_fetching=8)
+    check_bounded_window(SimpleNamespace(**ok))
+    for wrong in (dict(max_ahead=5), dict(max_fetching=9), dict(max_ahead=1)):
+        with pytest.raises(AssertionError):
+            check_bounded_window(SimpleNamespace(**ok | wrong))
+
+
+class Leaky:
+    """A stand-in loader whose epoch starts a thread named like the loader's and leaves it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=self.release.wait, name="asyncloader-leak")
+
+    def __iter__(self):
+        self.thread.start()
+        yield [0]
+
+
+def test_shutdown_checker_rejects_a_thread_left_running():
+    """check_clean_shutdown fails when a thread the epoch started is still alive."""
+    leaky = Leaky()
+    try:
+        with pytest.raises(AssertionError, match=r"threads left after break: \['asyncloader-leak'"):
+            check_clean_shutdown(leaky, "break")
+    finally:
+        leaky.release.set()
+        leaky.thread.join()
+
+
+class Forgetful(AsyncLoader):
+    """A loader that ignores the state it is given: it restarts the epoch."""
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_resume_checker_rejects_a_loader_that_restarts():
+    """check_resume fails when the resumed loader replays batches already delivered."""
+    make = lambda cls=AsyncLoader: cls(SyncSource(12), batch_size=4)  # noqa: E731
+    check_resume(make, [0, 1, 3])
+    with pytest.raises(AssertionError, match="resumed after 1: the batches after differ"):
+        check_resume(lambda: make(Forgetful), [0, 1])
+    with pytest.raises(AssertionError, match="more often than expected"):
+        check_resume(lambda: make(Forgetful), [1], in_order=False)
