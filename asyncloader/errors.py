@@ -13,18 +13,21 @@ class AsyncLoaderError(Exception):
     """Base class of every exception that asyncloader raises on its own account."""
 
 
-class LoaderTimeoutError(AsyncLoaderError, TimeoutError):
+class LoaderTimeoutError(AsyncLoaderError, TimeoutError, RuntimeError):
     """Raised by the consumer's next step when ``timeout > 0`` seconds pass without a batch.
 
+    Raised about ``timeout`` seconds after the wait began, however long the stuck sample takes.
     The message names the batch that was awaited (its sequence number and sample indices).
-    The epoch is closed afterwards; iterate the loader again to start a new one.
+    The epoch ends: it closes in the background (``close()`` waits for that); iterate the
+    loader again to start a new one. A ``RuntimeError``, as DataLoader raises for a timeout.
     """
 
 
-class WorkerCrashedError(AsyncLoaderError):
+class WorkerCrashedError(AsyncLoaderError, RuntimeError):
     """Raised when a worker process dies (a signal, ``os._exit``) while it holds a batch.
 
-    The pool is discarded; iterating the loader again starts a fresh one.
+    The epoch ends and the pool is discarded; iterating the loader again starts a fresh one. A
+    ``RuntimeError``, as DataLoader raises for a worker that exited unexpectedly.
     """
 
 
@@ -41,16 +44,20 @@ class FetchError(AsyncLoaderError):
         target: The redacted URL, key or path.
         attempts: Requests made for it, the failed last one included.
         cause: ``"TypeName: message"`` of the last failure, redacted.
+        reason: What ended the retries: the failure is permanent, the attempt count, or the
+            deadline (see :class:`asyncloader.sources.Retry`).
     """
 
-    def __init__(self, target: str, attempts: int, cause: str) -> None:
-        super().__init__(f"{target}: gave up after {attempts} attempt(s); last cause: {cause}")
+    def __init__(self, target: str, attempts: int, cause: str, reason: str = "") -> None:
+        message = f"{target}: gave up after {attempts} attempt(s); last cause: {cause}"
+        super().__init__(f"{message} ({reason})" if reason else message)
         self.target = target
         self.attempts = attempts
         self.cause = cause
+        self.reason = reason
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.target, self.attempts, self.cause))
+        return (type(self), (self.target, self.attempts, self.cause, self.reason))
 
 
 class RemoteTraceback(Exception):

@@ -4,10 +4,18 @@ to give up.
 Transient (retried): HTTP 5xx and 429 (and 408), connection errors and resets, timeouts,
 truncated bodies. Everything else is permanent and fails at once: other 4xx, a missing key, a
 refused credential, an object over the size limit. Waits grow exponentially with full jitter,
-``uniform(0, min(max_backoff, backoff * 2**(n-1))`` before retry ``n``, and never undercut a
-server's ``Retry-After`` (capped at ``max_backoff``). The budget is ``attempts`` requests in a
-row that made no progress; a stream that delivered data since its last failure starts a new
-streak (so a long shard survives occasional resets), and the error counts every request.
+``uniform(0, min(max_backoff, backoff * 2**(n-1)))`` before retry ``n``, and never undercut a
+server's ``Retry-After`` (capped at ``max_backoff``).
+
+Retrying is counted per streak: the requests for one object that failed in a row. A stream
+that delivered data since its last failure starts a new streak (so a long shard survives
+occasional resets); the error counts every request. A streak ends with FetchError at
+whichever bound comes first: ``attempts`` requests, or a wait that would end past
+``deadline`` seconds after the streak's first failure (the time before that failure is not
+counted: a stream held back by a slow consumer is not charged for it)::
+
+    F1 ~wait~ F2 ~~wait~~ F3 ~~~~wait~~~~ F4 ~~~~~~wait~~~~~~|~~> gives up at F4
+    ^ first failure of the streak                            ^ first failure + deadline
 """
 
 from __future__ import annotations
@@ -15,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -66,34 +76,74 @@ class Permanent(Exception):
     """A failure that retrying cannot fix (an object over the size limit, a 4xx status)."""
 
 
+def _check_type(name: str, value: object, kinds: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {what}, got {type(value).__qualname__}")
+
+
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """How a source retries transient failures.
+    """How a source retries transient failures: capped exponential backoff with full jitter,
+    until a deadline per object (per streak, for streams) or an attempt count, whichever first.
+
+    Both bounds always apply: ``Retry(attempts=3)`` makes at most 3 requests in a row and
+    still stops at the deadline; set one of them to None to rely on the other alone.
 
     Args:
-        attempts: Requests in a row without progress before giving up (1: no retries).
-        backoff: Seconds; the cap of the first wait (full jitter below it).
-        max_backoff: Seconds; no wait is longer.
+        attempts: Most requests in a row without progress (1: no retries); None: no count.
+            By default a secondary bound that the deadline reaches first unless requests fail
+            faster than the backoff.
+        backoff: Seconds; the cap of the first wait (full jitter below it), doubling per retry.
+        max_backoff: Seconds; no wait is longer, a server's ``Retry-After`` included.
+        deadline: Seconds after a streak's first failure within which every wait must end;
+            no retry starts that would end later. None: no deadline.
+
+    Raises:
+        TypeError: An argument of the wrong type.
+        ValueError: An impossible value, or neither ``attempts`` nor ``deadline`` bounding.
     """
 
-    attempts: int = 5
+    attempts: int | None = 50
     backoff: float = 0.1
     max_backoff: float = 5.0
+    deadline: float | None = 60.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise TypeError(f"attempts must be an int, got {type(self.attempts).__qualname__}")
-        if self.attempts < 1:
+        _check_type("attempts", self.attempts, int | None, "an int or None")
+        _check_type("backoff", self.backoff, int | float, "a number of seconds")
+        _check_type("max_backoff", self.max_backoff, int | float, "a number of seconds")
+        _check_type("deadline", self.deadline, int | float | None, "a number of seconds or None")
+        if self.attempts is not None and self.attempts < 1:
             raise ValueError(f"attempts={self.attempts} must be >= 1")
-        if self.backoff < 0:
+        if not self.backoff >= 0:
             raise ValueError(f"backoff={self.backoff} must be >= 0")
-        if self.max_backoff < self.backoff:
-            raise ValueError(f"max_backoff={self.max_backoff} must be >= backoff={self.backoff}")
+        if not self.backoff <= self.max_backoff < math.inf:
+            raise ValueError(
+                f"max_backoff={self.max_backoff} must be >= backoff={self.backoff} and finite"
+            )
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError(f"deadline={self.deadline} must be > 0 or None")
+        if self.attempts is None and self.deadline is None:
+            raise ValueError("attempts=None and deadline=None would retry forever: set one")
 
-    def delay(self, streak: int, retry_after: float | None = None) -> float:
-        """Seconds to wait before the retry that follows ``streak`` failures in a row."""
-        cap = min(self.max_backoff, self.backoff * 2 ** (streak - 1))
-        wait = random.uniform(0, cap)
+    def delay(
+        self,
+        streak: int,
+        retry_after: float | None = None,
+        *,
+        uniform: Callable[[float, float], float] = random.uniform,
+    ) -> float:
+        """Seconds to wait before the retry that follows ``streak`` failures in a row.
+
+        Args:
+            streak: Failures in a row so far (>= 1).
+            retry_after: Seconds the server asked to wait, if it did.
+            uniform: ``uniform(a, b)``, the jitter's draw (``random.uniform``).
+        """
+        # The exponent is bounded: past 2**64 every cap is max_backoff, and 2**n of a huge n
+        # overflows a float (a long streak under attempts=None).
+        cap = min(self.max_backoff, self.backoff * 2.0 ** min(streak - 1, 64))
+        wait = uniform(0, cap)
         if retry_after is not None:
             wait = max(wait, min(retry_after, self.max_backoff))
         return wait
@@ -173,6 +223,9 @@ class Attempts:
         target: The redacted URL, key or path, for messages (or a callable making it).
         policy: The retry policy.
         redact: Scrubs secrets from causes (or a callable making it).
+        clock: Monotonic seconds (``time.monotonic``); injectable for tests.
+        sleep: Awaitable sleep (``asyncio.sleep``); injectable for tests.
+        uniform: The jitter's draw (``random.uniform``); injectable for tests.
     """
 
     def __init__(
@@ -180,15 +233,24 @@ class Attempts:
         target: str | Callable[[], str],
         policy: Retry,
         redact: Redactor | Callable[[], Redactor],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        uniform: Callable[[float, float], float] = random.uniform,
     ) -> None:
         self._target = target
         self._redact = redact
+        self._clock = clock
+        self._sleep = sleep
+        self._uniform = uniform
         self.policy = policy
         self.total = 0
         self.streak = 0
+        self._since = 0.0  # clock() at the streak's first failure
 
     # Naming the target and building its redactor cost more than a successful read's own
     # bookkeeping, and only failures need them: they may be given as callables, resolved once.
+    # The clock, likewise, is read only on failures.
     @functools.cached_property
     def target(self) -> str:
         return self._target() if callable(self._target) else self._target
@@ -202,24 +264,45 @@ class Attempts:
         """Data arrived since the last failure: the next failure starts a new streak."""
         self.streak = 0
 
+    def _verdict(self, exc: Exception, now: float) -> tuple[float, str | None]:
+        """The wait before the next attempt, and why there is none (None: retry)."""
+        policy = self.policy
+        if not is_transient(exc):
+            return 0.0, "not retried: the failure is permanent"
+        if policy.attempts is not None and self.streak >= policy.attempts:
+            return 0.0, f"retry gave up: attempts={policy.attempts} requests in a row failed"
+        wait = policy.delay(self.streak, retry_after(exc), uniform=self._uniform)
+        elapsed = now - self._since
+        if policy.deadline is not None and elapsed + wait > policy.deadline:
+            return wait, (
+                f"retry gave up after {self.streak} failures in a row over {elapsed:.3g}s: "
+                f"the next wait ({wait:.3g}s) would pass deadline={policy.deadline}s"
+            )
+        return wait, None
+
     async def failed(self, exc: Exception) -> None:
         """Waits before the next attempt, or raises FetchError when retrying is over.
 
         Raises:
-            FetchError: ``exc`` is permanent or the streak reached ``policy.attempts``.
+            FetchError: ``exc`` is permanent, the streak made ``policy.attempts`` requests, or
+                the next wait would end past ``policy.deadline`` after the streak's first
+                failure. Its ``reason`` says which.
         """
         self.total += 1
         self.streak += 1
+        now = self._clock()
+        if self.streak == 1:
+            self._since = now
         cause = describe_cause(exc, self.redact)
-        if not is_transient(exc) or self.streak >= self.policy.attempts:
-            error = FetchError(self.target, self.total, cause)
+        wait, ended = self._verdict(exc, now)
+        if ended is not None:
+            error = FetchError(self.target, self.total, cause, ended)
             plain = "".join(describe_cause(e, Redactor()) for e in _chain(exc))
             if self.redact.holds_secret(plain):
                 raise error from None
             raise error from exc
-        wait = self.policy.delay(self.streak, retry_after(exc))
         log.debug("retrying %s in %.3fs after attempt %d: %s", self.target, wait, self.total, cause)
-        await asyncio.sleep(wait)
+        await self._sleep(wait)
 
 
 async def retrying(op: Callable[[], Awaitable[T]], attempts: Attempts) -> T:
