@@ -14,6 +14,7 @@ from typing import Any
 
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
+from asyncloader._failure import Failure
 from asyncloader._stats import LoaderStats
 from asyncloader.errors import LoaderTimeoutError
 
@@ -21,12 +22,16 @@ from asyncloader.errors import LoaderTimeoutError
 class AsyncIterator:
     """One epoch consumed with ``async for`` on the running loop."""
 
-    def __init__(self, epoch: Epoch, timeout: float) -> None:
+    def __init__(self, epoch: Epoch, timeout: float, owner: object = None) -> None:
         self._epoch = epoch
+        # The loader: an iterator keeps it alive, so a loader referenced only by its iterator
+        # (``for b in AsyncLoader(...)``) does not close its persistent workers under it.
+        self._owner = owner
         self._timeout = timeout or None
         self._started = False
         self._done = False
         self._finalizer: weakref.finalize | None = None
+        self._closing: asyncio.Future[None] | None = None  # a close begun by a timeout
 
     def __aiter__(self) -> AsyncIterator:
         return self
@@ -46,8 +51,10 @@ class AsyncIterator:
             if not deadline.expired():
                 await self.aclose()
                 raise
+            # Raise now; the epoch closes in the background (aclose() waits for it).
             waited = self._epoch.describe_wait()
-            await self.aclose()
+            self._done = True
+            self._closing = asyncio.ensure_future(self._epoch.aclose())
             raise LoaderTimeoutError(
                 f"no batch within timeout={self._timeout}s while waiting for {waited}"
             ) from None
@@ -60,6 +67,8 @@ class AsyncIterator:
             raise
         self._epoch.release()
         self._epoch.progress.delivered(seq)
+        if isinstance(batch, Failure):
+            batch.reraise()  # this batch only: the next step goes on with the next one
         return hand_over(batch)
 
     @property
@@ -71,6 +80,8 @@ class AsyncIterator:
         self._done = True
         if self._finalizer is not None:
             self._finalizer.detach()
+        if self._closing is not None:
+            await self._closing
         await self._epoch.aclose()
 
     async def __aenter__(self) -> AsyncIterator:

@@ -15,12 +15,14 @@ from the sampler and not yet handed to the consumer (being fetched, in the engin
 reorder buffer, or in a hand-over queue). So memory held ahead of the consumer is bounded by
 ``window`` batches whatever the consumer's speed or the order batches complete in.
 
-A stage exception inside a batch becomes a Failure delivered at that batch's turn; anything
-else (the sampler raising, a worker crash) fails the TaskGroup, which cancels every stage task
-and surfaces the first error to the consumer. Every resource of the epoch (its threads, its
-worker lease, the source's puller) is entered into one ``AsyncExitStack`` as it starts, so
-stopping, on every path, is that stack's exit: in reverse order of starting, after the stage
-tasks ended and the consumer was told.
+A stage exception inside a batch becomes a Failure delivered at that batch's turn: the
+iterator raises it from that step and the epoch goes on with the next batch, as DataLoader
+does. Anything else (the sampler raising, a worker crash) fails the TaskGroup, which cancels
+every stage task and surfaces the first error to the consumer: the epoch ends there.
+
+Every resource of the epoch (its threads, its worker lease, the source's puller) is entered
+into one ``AsyncExitStack`` as it starts, so stopping, on every path, is that stack's exit: in
+reverse order of starting, after the stage tasks ended and the consumer was told.
 """
 
 from __future__ import annotations
@@ -118,15 +120,16 @@ class Epoch:
         return self._task
 
     async def next(self) -> tuple[int, Any]:
-        """Waits for the next ``(seq, batch)``. Its permit stays taken until :meth:`release`.
+        """Waits for the next ``(seq, batch)``; the batch is a :class:`Failure` when one of its
+        stages raised (the iterator raises it, and the epoch goes on). Its permit stays taken
+        until :meth:`release`.
 
         Raises:
             StopAsyncIteration: The epoch is complete.
+            Exception: What ended the epoch (a sampler error, a crashed worker).
         """
         seq, item = await self._out.get()
         self._inflight.pop(seq, None)
-        if isinstance(item, Failure):
-            item.reraise()
         return seq, item
 
     def release(self) -> None:

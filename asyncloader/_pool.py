@@ -12,21 +12,38 @@ joined before :meth:`ProcessPool.shutdown` returns.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from asyncloader._compat import pool_is_broken, pool_manager_thread, pool_processes
+from asyncloader._compat import (
+    before_exit,
+    pool_is_broken,
+    pool_manager_thread,
+    pool_processes,
+)
 from asyncloader._options import Options, default_mp_context
 from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._worker import Running, init_worker
 from asyncloader.errors import WorkerCrashedError
 
 SHUTDOWN_GRACE_S = 5.0
+#: At interpreter exit, workers get this long to finish their batch before they are terminated.
+EXIT_GRACE_S = 0.5
+
+_live: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
+
+
+def _shut_down_live() -> None:
+    """At exit: stop every pool of this process still running, quickly."""
+    for pool in list(_live):
+        pool.shutdown(EXIT_GRACE_S)
 
 
 def _noop() -> None:
@@ -54,6 +71,7 @@ class ProcessPool:
             mp_context=ctx,
             initializer=init_worker,
             initargs=(
+                os.getpid(),
                 self._counter,
                 self._running,
                 options.num_workers,
@@ -63,6 +81,9 @@ class ProcessPool:
             ),
         )
         self._closed = False
+        self._close_lock = threading.Lock()
+        _live.add(self)
+        before_exit(_shut_down_live)
         self._processes: dict[int, Any] = {}
 
     def start(self) -> None:
@@ -132,9 +153,10 @@ class ProcessPool:
 
     def shutdown(self, grace: float = SHUTDOWN_GRACE_S) -> None:
         """Stops every worker and joins them and the pool's threads. Idempotent; blocking."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         executor = self.executor
         # ProcessPoolExecutor drops these references in shutdown(); keep them to join.
         live = pool_processes(executor)

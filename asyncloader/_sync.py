@@ -1,17 +1,19 @@
-"""The sync wrapper: ``for batch in loader`` runs the epoch on an event loop in a thread.
+"""The sync wrapper: ``for batch in loader`` runs the epoch on the loader's event-loop thread.
 
 ::
 
-    consumer thread                       asyncloader-loop thread (uvloop when installed)
-    ───────────────                       ───────────────────────────────────────────────
+    consumer thread                       asyncloader-loop thread (one per loader, uvloop when
+    ───────────────                       installed, kept across epochs)
     next() ── queue.get ◄── (ITEM, batch) ── pump: await epoch.next()
            └─ call_soon_threadsafe(epoch.release)  ─►  window permit returned
 
 The hand-over queue needs no bound of its own: every batch in it still holds a window permit,
 returned only when the consumer takes the batch, so it never holds more than the window.
 The pump always ends by putting END or the error, on every path (principle: end of stream
-cannot be forgotten). Closing, breaking out of the loop, or dropping the iterator cancels the
-pump, whose ``finally`` closes the epoch, and then joins the thread.
+cannot be forgotten), and then sets ``finished``. Closing, breaking out of the loop, or
+dropping the iterator cancels the pump, whose ``finally`` closes the epoch, and waits for
+``finished``. The loop thread outlives the epoch: per-loop clients (aiohttp sessions, s3fs
+filesystems) are reused by the next epoch, and closed when the loader closes.
 """
 
 from __future__ import annotations
@@ -21,18 +23,106 @@ import contextlib
 import queue
 import threading
 import weakref
+from collections.abc import Coroutine
 from typing import Any
 
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
+from asyncloader._failure import Failure
 from asyncloader._threads import new_event_loop
 from asyncloader.errors import LoaderTimeoutError
 
 _ITEM, _END, _ERROR = 0, 1, 2
 
 
+class Job:
+    """A coroutine run as a task on another thread's loop; cancellable and awaitable from any
+    thread. ``done`` is set once the task has finished, also when cancelled before it ran."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
+        self.loop = loop
+        self.done = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._cancelled = False
+        loop.call_soon_threadsafe(self._start, coro)
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._task = self.loop.create_task(coro, name="asyncloader-pump")
+        self._task.add_done_callback(lambda _: self.done.set())
+        if self._cancelled:
+            self._task.cancel()
+
+    def _cancel_here(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def cancel(self) -> None:
+        """Asks the task to stop (it may still be finishing when this returns)."""
+        self._cancelled = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: the task is done
+            self.loop.call_soon_threadsafe(self._cancel_here)
+
+
+class LoopThread:
+    """An event loop on one daemon thread, ``asyncloader-loop``, shared by a loader's epochs.
+
+    Started by the first :meth:`run`; :meth:`stop` cancels what still runs there, shuts down
+    its async generators (closing per-loop clients) and joins the thread. Thread-safe; a
+    :meth:`run` after :meth:`stop` starts a new thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def run(self, coro: Coroutine[Any, Any, None]) -> Job:
+        """Runs ``coro`` on the loop (started if need be)."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = new_event_loop()
+                self._thread = threading.Thread(
+                    target=_serve, args=(self._loop,), name="asyncloader-loop", daemon=True
+                )
+                self._thread.start()
+            return Job(self._loop, coro)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def stop(self) -> None:
+        """Stops the loop and joins its thread. Idempotent."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(RuntimeError):  # already closed
+            loop.call_soon_threadsafe(loop.stop)
+        if thread is not threading.current_thread():
+            thread.join()
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()
+
+
 async def _pump(epoch: Epoch, out: queue.SimpleQueue[tuple[int, Any]]) -> None:
-    """Moves batches from the epoch to the consumer's queue; always ends with END or ERROR."""
+    """Moves batches (and failed batches) from the epoch to the consumer's queue; always ends
+    with END or ERROR."""
     final: tuple[int, Any] = (_END, None)
     try:
         epoch.start()
@@ -51,50 +141,41 @@ async def _pump(epoch: Epoch, out: queue.SimpleQueue[tuple[int, Any]]) -> None:
             out.put(final)
 
 
-def _serve(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
-    asyncio.set_event_loop(loop)
+def _stop(pump: Job) -> None:
+    """Cancels the pump and waits until the epoch is closed (the finalizer: holds no iterator)."""
+    pump.cancel()
+    if not _on_loop(pump.loop):
+        pump.done.wait()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
     try:
-        loop.run_until_complete(task)
-    except asyncio.CancelledError:
-        pass
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            loop.close()
-
-
-def _stop(
-    loop: asyncio.AbstractEventLoop, task: asyncio.Task[None], thread: threading.Thread
-) -> None:
-    """Cancels the pump and joins the loop thread (the finalizer: holds no iterator)."""
-    with contextlib.suppress(RuntimeError):  # the loop already closed: the pump is done
-        loop.call_soon_threadsafe(task.cancel)
-    if thread is not threading.current_thread():
-        thread.join()
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 class SyncIterator:
     """One epoch, consumed with ``next()`` from any thread but the loader's own.
 
     Args:
-        epoch: The epoch to run; it is started on the new loop.
+        epoch: The epoch to run; it is started on ``loop``.
         timeout: Seconds to wait for one batch, 0 for ever.
+        loop: The loader's loop thread.
+        owner: The loader: an iterator keeps it alive, so a loader referenced only by its
+            iterator (``for b in AsyncLoader(...)``) does not close its workers under it.
     """
 
-    def __init__(self, epoch: Epoch, timeout: float) -> None:
+    def __init__(
+        self, epoch: Epoch, timeout: float, loop: LoopThread, owner: object = None
+    ) -> None:
         self._epoch = epoch
+        self._owner = owner
         self._timeout = timeout or None
         self._queue: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
-        self._loop = new_event_loop()
-        task = self._loop.create_task(_pump(epoch, self._queue), name="asyncloader-pump")
-        thread = threading.Thread(
-            target=_serve, args=(self._loop, task), name="asyncloader-loop", daemon=True
-        )
+        self._pump = loop.run(_pump(epoch, self._queue))
         self._done = False
-        self._finalizer = weakref.finalize(self, _stop, self._loop, task, thread)
-        thread.start()
+        self._finalizer = weakref.finalize(self, _stop, self._pump)
 
     def __iter__(self) -> SyncIterator:
         return self
@@ -105,17 +186,22 @@ class SyncIterator:
         try:
             kind, payload = self._queue.get(timeout=self._timeout)
         except queue.Empty:
+            # Raise now; the epoch closes in the background (close() waits for it).
             waited = self._epoch.describe_wait()
-            self.close()
+            self._done = True
+            self._finalizer.detach()
+            self._pump.cancel()
             raise LoaderTimeoutError(
                 f"no batch within timeout={self._timeout}s while waiting for {waited}"
             ) from None
         if kind == _ITEM:
-            seq, batch = payload
+            seq, item = payload
             self._epoch.progress.delivered(seq)
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._epoch.release)
-            return hand_over(batch)
+                self._pump.loop.call_soon_threadsafe(self._epoch.release)
+            if isinstance(item, Failure):
+                item.reraise()  # this batch only: the next call goes on with the next one
+            return hand_over(item)
         self.close()
         if kind == _ERROR:
             raise payload
@@ -127,10 +213,10 @@ class SyncIterator:
         return self._epoch.stats
 
     def close(self) -> None:
-        """Stops the epoch and joins its thread, processes and workers. Idempotent."""
-        if not self._done:
-            self._done = True
-            self._finalizer()
+        """Stops the epoch and waits until its threads and processes are joined. Idempotent."""
+        self._done = True
+        self._finalizer.detach()
+        _stop(self._pump)
 
     def __enter__(self) -> SyncIterator:
         return self

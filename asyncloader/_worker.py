@@ -16,6 +16,7 @@ import torch
 
 from asyncloader._compat import set_torch_worker_info
 from asyncloader._malloc import keep_freed_memory
+from asyncloader._orphans import watch_parent
 from asyncloader._seeding import seed_all
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ def mark_running(seq: int) -> None:
 
 
 def init_worker(
+    owner_pid: int,
     counter: Any,
     running: Running,
     num_workers: int,
@@ -94,10 +96,12 @@ def init_worker(
 ) -> None:
     """Initializer of each pool process: takes an id, seeds, keeps the plan, calls the hook.
 
-    It also makes malloc keep a batch's freed samples for the next batch
-    (:func:`asyncloader._malloc.keep_freed_memory`).
+    First of all it makes the worker exit once ``owner_pid`` (the training process) has
+    (:mod:`asyncloader._orphans`). It also makes malloc keep a batch's freed samples for the
+    next batch (:func:`asyncloader._malloc.keep_freed_memory`).
     """
     global _info, _plan, _running
+    watch_parent(owner_pid)
     with counter.get_lock():
         worker_id = counter.value
         counter.value += 1

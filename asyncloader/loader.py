@@ -16,9 +16,16 @@ from asyncloader._options import Options
 from asyncloader._start import capture_rng, start_epoch
 from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerprint
 from asyncloader._stats import LoaderStats
-from asyncloader._sync import SyncIterator
+from asyncloader._sync import LoopThread, SyncIterator
 from asyncloader._threads import keep_torch_threads, run_in_thread
 from asyncloader._workers import Workers
+
+
+def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> None:
+    """Stops what a loader keeps across epochs: its loop thread (the ``for`` epochs still on it
+    are cancelled and closed), then its persistent workers. Also the loader's finalizer."""
+    loop_thread.stop()
+    workers.close(warn)
 
 
 class AsyncLoader:
@@ -112,7 +119,8 @@ class AsyncLoader:
             mp_context=mp_context, generator=generator, seed_per_sample=seed_per_sample,
         )  # fmt: skip
         self._workers = Workers(self._options)
-        self._finalizer = weakref.finalize(self, self._workers.close, True)
+        self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
+        self._finalizer = weakref.finalize(self, _release, self._workers, self._loop_thread, True)
         self._iterators: weakref.WeakSet[SyncIterator] = weakref.WeakSet()
         self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self._last: Epoch | None = None
@@ -197,22 +205,22 @@ class AsyncLoader:
         self._resume = state
 
     def __aiter__(self) -> AsyncIterator:
-        return AsyncIterator(self._new_epoch(), self._options.timeout)
+        return AsyncIterator(self._new_epoch(), self._options.timeout, owner=self)
 
     def __iter__(self) -> SyncIterator:
-        it = SyncIterator(self._new_epoch(), self._options.timeout)
+        it = SyncIterator(self._new_epoch(), self._options.timeout, self._loop_thread, owner=self)
         self._iterators.add(it)
         return it
 
     def close(self) -> None:
-        """Stops running ``for`` epochs and the persistent workers. Idempotent.
+        """Stops running ``for`` epochs, the loader's loop thread and the persistent workers.
+        Idempotent; the loader may be iterated again afterwards.
 
         Epochs iterated with ``async for`` run on an event loop: close them with :meth:`aclose`.
         """
         for it in list(self._iterators):
             it.close()
-        self._finalizer.detach()
-        self._workers.close()
+        _release(self._workers, self._loop_thread)
 
     async def aclose(self) -> None:
         """Stops every running epoch (a ``break`` already cancelled, too) and the persistent
@@ -223,8 +231,9 @@ class AsyncLoader:
                 await epoch.aclose()
         for it in list(self._iterators):
             await run_in_thread(it.close, "asyncloader-reaper")
-        self._finalizer.detach()
-        await run_in_thread(self._workers.close, "asyncloader-reaper")
+        await run_in_thread(
+            lambda: _release(self._workers, self._loop_thread), "asyncloader-reaper"
+        )
 
     def __enter__(self) -> AsyncLoader:
         return self

@@ -81,9 +81,11 @@ def test_pin_memory_without_cuda_warns_once_and_passes_batches_through():
         loader = AsyncLoader(SyncSource(12), batch_size=4, pin_memory=True)
         got = indices_of(loader)
     assert got == list(range(12))
-    assert [str(w.message) for w in caught if "pin_memory" in str(w.message)] == [
+    pins = [w for w in caught if "pin_memory" in str(w.message)]
+    assert [str(w.message) for w in pins] == [
         "pin_memory=True but CUDA is not available: batches are passed through unpinned"
     ]
+    assert pins[0].filename == __file__  # points at the user's line, not asyncloader's
 
 
 def test_cuda_device_without_cuda_is_a_value_error():
@@ -95,7 +97,7 @@ def test_cuda_device_without_cuda_is_a_value_error():
 
 
 def test_device_thread_is_joined_on_break_and_on_error():
-    """Breaking off, or an error in the device stage, leaves no asyncloader-device thread."""
+    """Breaking off, or errors in the device stage, leave no asyncloader-device thread."""
     before = loader_threads()
     for k, _ in enumerate(AsyncLoader(SyncSource(100), batch_size=4, device="cpu")):
         if k == 2:
@@ -109,9 +111,16 @@ def test_device_thread_is_joined_on_break_and_on_error():
         def to(self, device, non_blocking=False):
             raise RuntimeError("cannot move")
 
-    with pytest.raises(RuntimeError, match="cannot move") as info:
-        list(AsyncLoader(SyncSource(8), batch_size=4, collate_fn=Unmovable, device="cpu"))
-    assert "asyncloader: stage=device batch=0 indices=[0, 1, 2, 3]" in info.value.__notes__
+    loader = AsyncLoader(SyncSource(8), batch_size=4, collate_fn=Unmovable, device="cpu")
+    it = iter(loader)
+    for seq in range(2):  # each batch fails on its own; the epoch goes on
+        with pytest.raises(RuntimeError, match="cannot move") as info:
+            next(it)
+        indices = list(range(4 * seq, 4 * seq + 4))
+        assert f"asyncloader: stage=device batch={seq} indices={indices}" in info.value.__notes__
+    with pytest.raises(StopIteration):
+        next(it)
+    loader.close()
     assert loader_threads() == before
 
 

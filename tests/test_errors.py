@@ -1,6 +1,8 @@
 """Error propagation: original type and traceback, a note naming stage and samples; timeouts."""
 
 import asyncio
+import re
+import time
 import traceback
 
 import pytest
@@ -139,3 +141,90 @@ def test_a_user_timeout_error_is_not_mistaken_for_the_loader_timeout():
     with pytest.raises(TimeoutError, match="upstream timed out") as info:
         consume(AsyncLoader(Slow(4), batch_size=2, timeout=5), "async", [])
     assert not isinstance(info.value, LoaderTimeoutError)
+
+
+def collect_around_errors(loader, mode):
+    """One epoch stepped by hand: returns (batches received, errors raised), in order."""
+    got, errors = [], []
+    if mode == "sync":
+        it = iter(loader)
+        while True:
+            try:
+                got.append(next(it))
+            except StopIteration:
+                return got, errors
+            except CodedError as exc:
+                errors.append(exc)
+
+    async def run():
+        it = aiter(loader)
+        while True:
+            try:
+                got.append(await anext(it))
+            except StopAsyncIteration:
+                return got, errors
+            except CodedError as exc:
+                errors.append(exc)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failing_batch_raises_and_the_epoch_goes_on(mode, num_workers):
+    """As in DataLoader: the failing batch raises from its step, later batches still come,
+    each once, in order, and the state after the error skips the failed batch."""
+    loader = AsyncLoader(FailingSource(40, bad=9), batch_size=4, num_workers=num_workers)
+    got, errors = collect_around_errors(loader, mode)
+    assert [str(e) for e in errors] == ["cannot read 9"]
+    assert indices_of(got) == [i for i in range(40) if not 8 <= i < 12]
+    assert loader.stats.batches == 10
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_timeout_is_raised_after_about_timeout_seconds(mode, num_workers):
+    """A sample stuck far longer than `timeout` gives LoaderTimeoutError (a RuntimeError, as
+    DataLoader's) after about `timeout`, not when the sample returns or the workers stop."""
+    from tests.helpers.sources import RELEASE_STUCK, StuckSource
+
+    RELEASE_STUCK.clear()
+    loader = AsyncLoader(
+        StuckSource(12, stuck=5, hold_s=20), batch_size=4, timeout=0.5, num_workers=num_workers
+    )
+    try:
+        # Released before asyncio.run's own teardown: closing waits for a thread's stuck call.
+        error, waited = time_to_error(loader, mode, then=RELEASE_STUCK.set)
+    finally:
+        RELEASE_STUCK.set()
+        loader.close()
+    assert isinstance(error, LoaderTimeoutError) and isinstance(error, RuntimeError)
+    assert re.search(r"timeout=0.5s .* batch 1", str(error))
+    assert waited < 3.0, f"raised after {waited:.1f}s"
+
+
+def time_to_error(loader, mode, then=lambda: None):
+    """The exception an epoch raised, and the seconds from its start until it was raised;
+    ``then()`` is called right after."""
+    start = time.monotonic()
+    if mode == "sync":
+        try:
+            for _ in loader:
+                pass
+        except Exception as exc:
+            waited = time.monotonic() - start
+            then()
+            return exc, waited
+        raise AssertionError("no error")
+
+    async def run():
+        try:
+            async for _ in loader:
+                pass
+        except Exception as exc:
+            waited = time.monotonic() - start
+            then()
+            return exc, waited
+        raise AssertionError("no error")
+
+    return asyncio.run(run())

@@ -6,12 +6,20 @@ import warnings
 import pytest
 
 from asyncloader import AsyncLoader
-from tests.helpers import AsyncSource, FailingSource, SyncSource, loader_threads, worker_processes
+from tests.helpers import (
+    AsyncSource,
+    FailingSource,
+    SyncSource,
+    epoch_threads,
+    loader_threads,
+    worker_processes,
+)
 
 
 @pytest.fixture
 def clean():
     """Asserts that the test leaves the same threads and worker processes it found."""
+    gc.collect()  # loaders of earlier tests left in reference cycles go now, not mid-test
     threads, procs = loader_threads(), worker_processes()
     yield
     assert worker_processes() == procs
@@ -19,7 +27,8 @@ def clean():
 
 
 def test_one_hundred_breaks_mid_epoch_leave_nothing_behind(clean):
-    """100 epochs broken off mid-way: each one's workers and threads are gone right after."""
+    """100 epochs broken off mid-way: each one's workers and threads are gone right after;
+    the loader's loop thread, which its epochs share, goes with close()."""
     threads, procs = loader_threads(), worker_processes()
     loader = AsyncLoader(SyncSource(400), batch_size=4, num_workers=2)
     for cycle in range(100):
@@ -27,7 +36,9 @@ def test_one_hundred_breaks_mid_epoch_leave_nothing_behind(clean):
             if k == cycle % 5:
                 break
         assert worker_processes() == procs, f"cycle {cycle}"
-        assert loader_threads() == threads, f"cycle {cycle}"
+        assert epoch_threads() == threads, f"cycle {cycle}"
+    assert {t.name for t in loader_threads() - threads} == {"asyncloader-loop"}
+    loader.close()
 
 
 def test_close_mid_epoch_joins_everything(clean):
@@ -47,10 +58,15 @@ def test_close_mid_epoch_joins_everything(clean):
         next(it2)
 
 
-def test_exception_mid_epoch_joins_everything(clean):
-    """An error raised to the consumer also stops the epoch's workers and threads."""
+def test_an_error_then_closing_the_iterator_joins_everything(clean):
+    """A sample's error leaves the epoch running (as DataLoader); closing it stops it all."""
+    loader = AsyncLoader(FailingSource(100, bad=20), batch_size=4, num_workers=2)
+    it = iter(loader)
     with pytest.raises(Exception, match="cannot read 20"):
-        list(AsyncLoader(FailingSource(100, bad=20), batch_size=4, num_workers=2))
+        for _ in it:
+            pass
+    it.close()
+    loader.close()
 
 
 def test_dropping_the_iterator_is_enough(clean):
@@ -110,3 +126,13 @@ async def _aenumerate(ait):
     async for item in ait:
         yield k, item
         k += 1
+
+
+@pytest.mark.filterwarnings("ignore:AsyncLoader with persistent_workers was never closed")
+def test_an_iterator_keeps_its_loader_and_persistent_workers_alive(clean):
+    """A loader referenced only by its iterator keeps its persistent workers until the end."""
+    it = iter(AsyncLoader(SyncSource(40), batch_size=4, num_workers=2, persistent_workers=True))
+    gc.collect()  # the loader object has no other reference
+    assert sorted(i for b in it for i in b[:, 0].tolist()) == list(range(40))
+    del it
+    gc.collect()  # now the loader's finalizer stops the workers

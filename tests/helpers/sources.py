@@ -177,6 +177,24 @@ def failing_collate(samples: list) -> Any:
     raise RuntimeError("collate gives up")
 
 
+#: Releases every StuckSource sample still blocked in this process.
+RELEASE_STUCK = threading.Event()
+
+
+class StuckSource(SyncSource):
+    """A sync source whose sample ``stuck`` blocks its thread for ``hold_s`` seconds, or, in
+    this process, until RELEASE_STUCK is set (a worker process only has the time bound)."""
+
+    def __init__(self, n: int, stuck: int, hold_s: float = 30.0) -> None:
+        super().__init__(n)
+        self.stuck, self.hold_s = stuck, hold_s
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if index == self.stuck:
+            RELEASE_STUCK.wait(self.hold_s)
+        return sample(index)
+
+
 class Hang:
     """An async source whose sample ``stuck`` never arrives (until cancelled)."""
 
