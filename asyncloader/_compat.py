@@ -13,9 +13,11 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.util
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from types import FrameType
 from typing import Any
 
 import torch.multiprocessing  # noqa: F401  registers torch's shared-memory tensor pickling
@@ -81,9 +83,32 @@ def before_exit(hook: Callable[[], None]) -> None:
     the calling process (a forked child starts with an empty ``Finalize`` registry: call this
     where the resource is made, not at import). Checked against CPython 3.11-3.13.
     """
-    key = (os.getpid(), hook)
-    if key in _registered:
+    pid = os.getpid()
+    if (pid, hook) in _registered:
         return
-    _registered.add(key)
-    threading._register_atexit(hook)  # type: ignore[attr-defined]
-    multiprocessing.util.Finalize(None, hook, exitpriority=100)
+    _registered.add((pid, hook))
+
+    def in_this_process() -> None:
+        # A forked child inherits threading's exit hooks: there they are not its to run.
+        if os.getpid() == pid:
+            hook()
+
+    threading._register_atexit(in_this_process)  # type: ignore[attr-defined]
+    multiprocessing.util.Finalize(None, in_this_process, exitpriority=100)
+
+
+def start_fork_server() -> None:
+    """Starts multiprocessing's fork server if it is not running (``forkserver.ensure_running``,
+    not documented). Returns once the server process exists, before its preload imports end."""
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+def caller_frames(skip: int = 1) -> Iterator[FrameType]:
+    """The calling thread's frames, innermost first, from ``skip`` frames above the caller
+    (``sys._getframe``: a CPython implementation detail)."""
+    frame: FrameType | None = sys._getframe(skip + 1)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back

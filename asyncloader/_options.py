@@ -10,9 +10,6 @@ window). Nothing downstream reads options by string key or validates them again.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import sys
-import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -164,27 +161,3 @@ def _set(options: Options, **values: Any) -> None:
     """Completes a frozen Options in ``__post_init__`` (the only place it changes)."""
     for name, value in values.items():
         object.__setattr__(options, name, value)
-
-
-def fork_is_safe() -> bool:
-    """Forking now is as safe as DataLoader's own fork: Linux, from the main thread, and no
-    other Python thread alive (a thread holding a lock at fork time can deadlock the child)."""
-    return (
-        sys.platform == "linux"
-        and threading.current_thread() is threading.main_thread()
-        and threading.active_count() == 1
-    )
-
-
-def default_mp_context() -> Any:
-    """The start method used when workers cannot be forked safely (see :func:`fork_is_safe`).
-
-    forkserver on Linux: the fork server preloads asyncloader (and so torch) and the main module
-    once, so each worker starts as a fork of an already-initialised, single-threaded process.
-    spawn elsewhere.
-    """
-    if sys.platform == "linux":
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["__main__", "asyncloader._worker"])
-        return ctx
-    return multiprocessing.get_context("spawn")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from asyncloader._failure import Failure
 from asyncloader._seeding import call_seeded
 from asyncloader._transport import to_shared
-from asyncloader._worker import in_worker, mark_running, worker_plan
+from asyncloader._worker import in_worker, init_failure, mark_running, worker_plan
 
 if TYPE_CHECKING:
     from asyncloader._options import Options
@@ -70,6 +70,8 @@ def run_batch(
         The batch (ready to leave the process, in a worker process), or a :class:`Failure`
         naming the stage and sample that raised.
     """
+    if (failed := init_failure()) is not None:
+        return failed
     plan = plan if plan is not None else worker_plan()
     assert plan is not None, "run_batch without a plan outside an initialised worker"
     mark_running(seq)

@@ -28,9 +28,10 @@ from asyncloader._compat import (
     pool_manager_thread,
     pool_processes,
 )
-from asyncloader._options import Options, default_mp_context
+from asyncloader._options import Options
 from asyncloader._plan import BatchPlan, run_batch
-from asyncloader._worker import Running, init_worker
+from asyncloader._start_method import check_start, default_mp_context
+from asyncloader._worker import Running, init_failure, init_worker
 from asyncloader.errors import WorkerCrashedError
 
 SHUTDOWN_GRACE_S = 5.0
@@ -46,10 +47,6 @@ def _shut_down_live() -> None:
         pool.shutdown(EXIT_GRACE_S)
 
 
-def _noop() -> None:
-    """A task whose only purpose is to make the executor start a process."""
-
-
 class ProcessPool:
     """``num_workers`` processes, each holding the batch plan, started eagerly.
 
@@ -59,10 +56,15 @@ class ProcessPool:
         base_seed: Worker ``i`` seeds its RNGs with ``base_seed + i``.
         ctx: The multiprocessing context; default ``options.mp_context`` or
             :func:`default_mp_context`.
+
+    Raises:
+        RuntimeError: Starting workers with ``ctx`` would re-run an unguarded main script
+            (see :func:`asyncloader._start_method.check_start`).
     """
 
     def __init__(self, options: Options, plan: BatchPlan, base_seed: int, ctx: Any = None) -> None:
         ctx = ctx or options.mp_context or default_mp_context()
+        check_start(ctx)
         self.num_workers = options.num_workers
         self._counter = ctx.Value("i", 0)
         self._running = Running.allocate(ctx, options.num_workers)
@@ -90,19 +92,26 @@ class ProcessPool:
         """Spawns every worker now (blocking), so the first batches do not wait on serial spawns.
 
         A non-fork executor spawns one process per submit that finds no idle worker, so as many
-        no-op submits as workers start them all.
+        submits as workers start them all.
+
+        Raises:
+            Exception: The user's own exception, when a worker's ``worker_init_fn`` raised
+                (with the worker's traceback as its cause).
+            WorkerCrashedError: A worker died while starting.
         """
         try:
-            for future in [self.executor.submit(_noop) for _ in range(self.num_workers)]:
-                future.result()
+            futures = [self.executor.submit(init_failure) for _ in range(self.num_workers)]
+            failures = [f for f in (future.result() for future in futures) if f is not None]
         except BrokenProcessPool as exc:
             raise WorkerCrashedError(
-                "a worker process died while starting (its worker_init_fn raised, or the "
-                "dataset, transform or collate_fn could not be unpickled; see its log above)"
+                "a worker process died while starting (the dataset, transform or collate_fn "
+                "could not be unpickled, or it was killed; see its log above)"
             ) from exc
         finally:
             # ProcessPoolExecutor forgets dead processes; keep ours to report exit codes and join.
             self._processes = pool_processes(self.executor)
+        if failures:
+            failures[0].reraise()
 
     @property
     def broken(self) -> bool:

@@ -9,12 +9,14 @@ shared with the parent (:class:`Running`), so a crash can be reported with the b
 from __future__ import annotations
 
 import os
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asyncloader._compat import set_torch_worker_info
+from asyncloader._failure import Failure
 from asyncloader._malloc import keep_freed_memory
 from asyncloader._orphans import watch_parent
 from asyncloader._seeding import seed_all
@@ -67,6 +69,7 @@ class Running:
 _info: WorkerInfo | None = None
 _plan: BatchPlan | None = None
 _running: Running | None = None
+_init_failure: Failure | None = None  # what worker_init_fn raised, answered to every task
 
 
 def get_worker_info() -> WorkerInfo | None:
@@ -115,7 +118,21 @@ def init_worker(
     _info = WorkerInfo(worker_id, num_workers, seed, plan.dataset)
     set_torch_worker_info(worker_id, num_workers, seed, plan.dataset)
     if worker_init_fn is not None:
-        worker_init_fn(worker_id)
+        try:
+            worker_init_fn(worker_id)
+        except Exception as exc:
+            # Kept, not raised: an initializer that raises breaks the whole executor and the
+            # user's exception is lost. Every task this worker gets answers with it instead.
+            global _init_failure
+            exc.add_note(f"asyncloader: stage=worker_init worker={worker_id}")
+            _init_failure = Failure(exc, "".join(traceback.format_exception(exc)))
+
+
+def init_failure() -> Failure | None:
+    """What this worker's ``worker_init_fn`` raised (``None``: nothing, or not a worker).
+
+    Also the task :meth:`ProcessPool.start` sends each worker, to start it and hear of it."""
+    return _init_failure
 
 
 def in_worker() -> bool:

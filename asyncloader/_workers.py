@@ -18,9 +18,10 @@ import threading
 import warnings
 from typing import Any
 
-from asyncloader._options import Options, fork_is_safe
+from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._pool import ProcessPool
+from asyncloader._start_method import fork_is_safe, prestart
 from asyncloader._threads import run_in_thread
 
 _FORK = (
@@ -77,6 +78,7 @@ class Workers:
 
     def __init__(self, options: Options) -> None:
         self._options = options
+        prestart(options.num_workers, options.mp_context)
         self._lock = threading.Lock()
         self._pool: ProcessPool | None = None  # the persistent pool
         self._persistent_seed: int | None = None

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler, default_collate
 
-from asyncloader import AsyncLoader, WorkerCrashedError, get_worker_info
-from asyncloader._options import default_mp_context
+from asyncloader import AsyncLoader, RemoteTraceback, WorkerCrashedError, get_worker_info
+from asyncloader._start_method import default_mp_context
 from asyncloader._transport import to_shared
 from tests.helpers import (
     AsyncSource,
@@ -309,4 +309,35 @@ def test_a_worker_killed_from_outside_mid_epoch_is_reported(mp_context):
     with pytest.raises(WorkerCrashedError, match=f"pid {victim} killed by signal SIGKILL"):
         for _ in it:
             pass
+    assert worker_processes() == before
+
+
+class InitError(Exception):
+    """A user exception whose constructor takes an extra argument."""
+
+    def __init__(self, message, worker):
+        super().__init__(message)
+        self.worker = worker
+
+
+def failing_init(worker_id):
+    raise InitError(f"no GPU for worker {worker_id}", worker_id)  # failing_init raises here
+
+
+@pytest.mark.parametrize("mp_context", [None, "spawn"])
+def test_worker_init_fn_error_keeps_its_type_message_and_traceback(mp_context):
+    """A worker_init_fn that raises reaches the consumer as itself, as in DataLoader, with
+    the worker's traceback and a note naming the stage; no worker is left behind."""
+    before = worker_processes()
+    loader = AsyncLoader(
+        SyncSource(8), batch_size=4, num_workers=2, worker_init_fn=failing_init,
+        mp_context=mp_context,
+    )  # fmt: skip
+    with pytest.raises(InitError, match=r"no GPU for worker \d") as info:
+        list(loader)
+    assert info.value.worker in (0, 1)
+    assert any(n.startswith("asyncloader: stage=worker_init worker=") for n in info.value.__notes__)
+    assert isinstance(info.value.__cause__, RemoteTraceback)
+    assert "failing_init raises here" in info.value.__cause__.tb
+    loader.close()
     assert worker_processes() == before
