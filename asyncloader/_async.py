@@ -15,6 +15,7 @@ from typing import Any
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
 from asyncloader._failure import Failure
+from asyncloader._skip import EMPTY, Trimmed
 from asyncloader._stats import LoaderStats
 from asyncloader.errors import LoaderTimeoutError
 
@@ -37,6 +38,19 @@ class AsyncIterator:
         return self
 
     async def __anext__(self) -> Any:
+        while True:
+            seq, batch = await self._receive()
+            if type(batch) is Trimmed:  # on_error="skip" left samples out
+                assert self._epoch.skips is not None
+                batch = self._epoch.skips.settle(seq, batch)
+                if batch is EMPTY:
+                    continue  # received (it counts for state_dict()), but nothing to yield
+            if isinstance(batch, Failure):
+                batch.reraise()  # this batch only: the next step goes on with the next one
+            return hand_over(batch)
+
+    async def _receive(self) -> tuple[int, Any]:
+        """The next ``(seq, batch)``, recorded as received and its permit returned."""
         if self._done:
             raise StopAsyncIteration
         if not self._started:
@@ -67,9 +81,7 @@ class AsyncIterator:
             raise
         self._epoch.release()
         self._epoch.progress.delivered(seq)
-        if isinstance(batch, Failure):
-            batch.reraise()  # this batch only: the next step goes on with the next one
-        return hand_over(batch)
+        return seq, batch
 
     @property
     def stats(self) -> LoaderStats:

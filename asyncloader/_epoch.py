@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -45,6 +46,7 @@ from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
 from asyncloader._reorder import ReorderBuffer
 from asyncloader._seeding import call_seeded
+from asyncloader._skip import SKIP_LOG_LENGTH, SkipLedger, Trimmed
 from asyncloader._start import EpochStart
 from asyncloader._stats import LoaderStats
 from asyncloader._threads import loader_threads, run_in_thread
@@ -94,10 +96,23 @@ class Epoch:
         options: The loader's validated options.
         start: How the epoch begins (seed, RNG state, started sampler, resume point).
         lease: The worker pool of this epoch, when ``num_workers > 0``.
+        skip_log: The loader's ``skip_log``, where the ledger of an ``on_error="skip"`` epoch
+            keeps the last few skips.
     """
 
-    def __init__(self, options: Options, start: EpochStart, lease: WorkerLease | None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        start: EpochStart,
+        lease: WorkerLease | None,
+        skip_log: deque[tuple[Any, str]] | None = None,
+    ) -> None:
         self._options = options
+        # on_error="skip": the consumer's iterator settles each Trimmed batch here.
+        self.skips: SkipLedger | None = None
+        if options.max_skipped is not None:
+            recent = deque(maxlen=SKIP_LOG_LENGTH) if skip_log is None else skip_log
+            self.skips = SkipLedger(options.max_skipped, recent)
         self.start_info = start
         self.progress = Progress(start.resume, start.source_state)
         self._lease = lease
@@ -158,6 +173,7 @@ class Epoch:
             options.io_concurrency,
             fetching,
             self.progress.batches,
+            self.skips.count if self.skips is not None else 0,
         )
 
     async def aclose(self) -> None:
@@ -193,7 +209,8 @@ class Epoch:
         batches = await stack.enter_async_context(contextlib.aclosing(self._batches(stack)))
         async with asyncio.TaskGroup() as tg:
             if get is not None:
-                self._fetcher = Fetcher(get, options.io_concurrency, tg.create_task)
+                skip = self.skips is not None
+                self._fetcher = Fetcher(get, options.io_concurrency, tg.create_task, skip)
             if device is not None:
                 tg.create_task(self._device_pump(device), name="device")
             admitted = 0
@@ -284,10 +301,21 @@ class Epoch:
     ) -> None:
         """Takes one batch through fetch and transform and into the reorder buffer."""
         result: Any = samples
+        fetched: Trimmed | None = None  # the samples fetch left out (on_error="skip")
         if samples is None and self._fetcher is not None:
             result = await self._fetcher.fetch(seq, indices)
-        if not isinstance(result, Failure):
+            if type(result) is Trimmed:
+                fetched, indices, result = result, result.indices, result.batch
+        if fetched is not None and fetched.empty:
+            result = fetched
+        elif not isinstance(result, Failure):
             result = await transformer.run(seq, indices, result)
+            if fetched is not None:
+                fetched.batch = result
+                if type(result) is Trimmed:
+                    fetched.skips += result.skips
+                    fetched.batch, fetched.empty = result.batch, result.empty
+                result = fetched
         self._buffer.put(seq, result)
 
     async def _device_pump(self, device: DeviceStage) -> None:
@@ -304,10 +332,15 @@ class Epoch:
             except StopAsyncIteration:
                 self._out.finish(forwarded)
                 return
-            if not isinstance(item, Failure):
+            trimmed = item if type(item) is Trimmed else None
+            if trimmed is not None:
+                item = trimmed.batch
+            if not isinstance(item, Failure) and not (trimmed and trimmed.empty):
                 try:
                     item = await device.move(item)
                 except Exception as exc:
                     item = Failure.capture(exc, "device", seq, self._inflight.get(seq, ()))
+            if trimmed is not None:
+                trimmed.batch, item = item, trimmed
             self._out.put(seq, item)
             forwarded += 1

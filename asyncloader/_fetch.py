@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from asyncloader._failure import Failure
+from asyncloader._skip import Skip, Trimmed
 from asyncloader.errors import AsyncLoaderError
 
 Spawn = Callable[..., "asyncio.Task[None]"]
@@ -33,7 +34,7 @@ Spawn = Callable[..., "asyncio.Task[None]"]
 class _Batch:
     """One batch's samples as they arrive; ``done`` resolves to them or to a Failure."""
 
-    __slots__ = ("done", "indices", "left", "next", "samples", "seq", "size")
+    __slots__ = ("done", "indices", "left", "next", "samples", "seq", "size", "skips")
 
     def __init__(self, seq: int, indices: Sequence[Any], done: asyncio.Future[Any]) -> None:
         self.seq = seq
@@ -42,6 +43,25 @@ class _Batch:
         self.samples: list[Any] = [None] * self.size
         self.next = 0  # the position a runner takes next
         self.done = done
+        self.skips: dict[int, Skip] = {}  # position -> the sample left out (on_error="skip")
+
+    def arrived(self) -> None:
+        """One more sample is in (or left out); resolves ``done`` after the last."""
+        self.left -= 1
+        if self.left:
+            return
+        if not self.skips:
+            self.done.set_result(self.samples)
+            return
+        kept = [pos for pos in range(self.size) if pos not in self.skips]
+        self.done.set_result(
+            Trimmed(
+                [self.samples[pos] for pos in kept],
+                [self.skips[pos] for pos in sorted(self.skips)],
+                empty=not kept,
+                indices=[self.indices[pos] for pos in kept],
+            )
+        )
 
 
 class Fetcher:
@@ -54,12 +74,19 @@ class Fetcher:
         spawn: Starts a runner task (``TaskGroup.create_task``): runners belong to the epoch,
             so a failure or cancellation of the epoch reaches them. Call :meth:`close` once
             the last batch was passed to :meth:`fetch`, or parked runners wait for ever.
+        skip: ``on_error="skip"``: a sample that raises is left out of its batch instead of
+            failing it (:meth:`fetch` then returns a :class:`Trimmed`).
     """
 
     def __init__(
-        self, get: Callable[[Any], Awaitable[Any]], io_concurrency: int, spawn: Spawn
+        self,
+        get: Callable[[Any], Awaitable[Any]],
+        io_concurrency: int,
+        spawn: Spawn,
+        skip: bool = False,
     ) -> None:
         self._get = get
+        self._skip = skip
         self._limit = io_concurrency
         self._spawn = spawn
         self._queue: deque[_Batch] = deque()  # batches with positions not yet taken
@@ -69,8 +96,9 @@ class Fetcher:
         self.fetching = 0
         self.max_fetching = 0
 
-    async def fetch(self, seq: int, indices: Sequence[Any]) -> list[Any] | Failure:
-        """Returns the samples of batch ``seq`` in ``indices`` order, or the first Failure.
+    async def fetch(self, seq: int, indices: Sequence[Any]) -> list[Any] | Failure | Trimmed:
+        """Returns the samples of batch ``seq`` in ``indices`` order, or the first Failure
+        (with ``skip``: a Trimmed of the samples kept, when some were left out).
 
         Once one sample failed, the batch's samples still queued are not fetched.
         """
@@ -146,22 +174,25 @@ class Fetcher:
                     # timeouts) failed this sample: report it, never lose the sample quietly.
                     error = AsyncLoaderError("the source raised CancelledError for this sample")
                     error.__cause__ = exc
-                    self._fail(batch, error, index)
+                    self._fail(batch, error, pos)
                     continue
                 except Exception as exc:
-                    self._fail(batch, exc, index)
+                    self._fail(batch, exc, pos)
                     continue
                 finally:
                     self.fetching -= 1
                 if not done.done():
                     batch.samples[pos] = sample
-                    batch.left -= 1
-                    if batch.left == 0:
-                        done.set_result(batch.samples)
+                    batch.arrived()
         finally:
             self._runners -= 1
 
-    @staticmethod
-    def _fail(batch: _Batch, exc: BaseException, index: Any) -> None:
-        if not batch.done.done():
+    def _fail(self, batch: _Batch, exc: BaseException, pos: int) -> None:
+        if batch.done.done():
+            return
+        index = batch.indices[pos]
+        if self._skip:
+            batch.skips[pos] = Skip.capture(exc, "fetch", batch.seq, batch.indices, index)
+            batch.arrived()
+        else:
             batch.done.set_result(Failure.capture(exc, "fetch", batch.seq, batch.indices, index))

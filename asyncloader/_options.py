@@ -61,6 +61,8 @@ class Options:
     mp_context: Any = None
     generator: torch.Generator | None = None
     seed_per_sample: bool = False
+    on_error: str = "raise"
+    max_skipped: int | None = None
     #: Derived: the kind of source, and the function that turns samples into a batch.
     kind: SourceKind = field(init=False)
     collate: Callable[[Any], Any] = field(init=False)
@@ -71,6 +73,7 @@ class Options:
         check.check_int("io_concurrency", self.io_concurrency, 1)
         check.check_int("prefetch", self.prefetch, 1)
         check.check_timeout(self.timeout)
+        check.check_on_error(self.on_error, self.max_skipped)
         for name in ("collate_fn", "transform", "worker_init_fn"):
             check.check_callable(name, getattr(self, name))
         check.check_workers(self.num_workers, self.executor, self.persistent_workers)

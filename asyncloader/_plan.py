@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncloader._failure import Failure
 from asyncloader._seeding import call_seeded
+from asyncloader._skip import Skip, Trimmed
 from asyncloader._transport import to_shared
 from asyncloader._worker import in_worker, init_failure, mark_running, worker_plan
 
@@ -33,12 +34,15 @@ class BatchPlan:
         collate: Turns the list of samples into the batch (or converts one sample when not
             batching).
         batched: ``False`` for ``batch_size=None``: each batch is a single sample.
+        skip: ``on_error="skip"``: a sample whose fetch or transform raises is left out of its
+            batch (see :func:`run_skipping`).
     """
 
     dataset: Any
     transform: Callable[[Any], Any] | None
     collate: Callable[[Any], Any]
     batched: bool
+    skip: bool = False
 
     @classmethod
     def of(cls, options: Options) -> BatchPlan:
@@ -48,6 +52,7 @@ class BatchPlan:
             transform=options.transform,
             collate=options.collate,
             batched=options.batched,
+            skip=options.on_error == "skip",
         )
 
 
@@ -75,6 +80,11 @@ def run_batch(
     plan = plan if plan is not None else worker_plan()
     assert plan is not None, "run_batch without a plan outside an initialised worker"
     mark_running(seq)
+    if plan.skip:
+        try:
+            return run_skipping(plan, seq, indices, samples, epoch_seed)
+        finally:
+            mark_running(-1)
     stage, index = "fetch", None
     try:
         if samples is None:
@@ -100,3 +110,52 @@ def run_batch(
         return Failure.capture(exc, stage, seq, indices, index)
     finally:
         mark_running(-1)
+
+
+def run_skipping(
+    plan: BatchPlan,
+    seq: int,
+    indices: Sequence[Any],
+    samples: list[Any] | None,
+    epoch_seed: int | None,
+) -> Any:
+    """:func:`run_batch` under ``on_error="skip"``: a sample whose ``__getitem__`` or
+    ``transform`` raises an ``Exception`` is left out; collate errors fail the batch.
+
+    Returns:
+        The batch when no sample was left out; else a :class:`Trimmed` around the batch of the
+        samples kept (or around the collate Failure, or empty when none was kept), with one
+        :class:`Skip` per sample left out.
+    """
+    skips: list[Skip] = []
+    kept: list[Any] = []
+    if samples is None:
+        getitem = plan.dataset.__getitem__
+        for index in indices:
+            try:
+                kept.append((index, call_seeded(epoch_seed, index, getitem, index)))
+            except Exception as exc:
+                skips.append(Skip.capture(exc, "fetch", seq, indices, index))
+    else:
+        kept = list(zip(indices, samples, strict=True))
+    if plan.transform is not None:
+        transform, transformed = plan.transform, []
+        for index, sample in kept:
+            try:
+                transformed.append((index, call_seeded(epoch_seed, index, transform, sample)))
+            except Exception as exc:
+                skips.append(Skip.capture(exc, "transform", seq, indices, index))
+        kept = transformed
+    if not kept:
+        return Trimmed(None, skips, empty=True)
+    stage = "collate"
+    try:
+        values = [sample for _, sample in kept]
+        collated = values if plan.batched else values[0]
+        batch = call_seeded(epoch_seed, -1 - seq, plan.collate, collated)
+        if in_worker():
+            stage = "share"
+            batch = to_shared(batch)
+    except Exception as exc:
+        batch = Failure.capture(exc, stage, seq, indices)
+    return Trimmed(batch, skips) if skips else batch

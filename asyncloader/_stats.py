@@ -14,7 +14,9 @@ class LoaderStats:
         max_ahead: High-water mark of those batches; never exceeds ``window``.
         io_concurrency: Bound on samples being fetched at once on the event loop.
         max_fetching: High-water mark of those samples; never exceeds ``io_concurrency``.
-        batches: Batches handed to the consumer.
+        batches: Batches handed to the consumer (with ``on_error="skip"``, a batch whose
+            samples were all skipped counts, though it is not yielded).
+        skipped: Samples left out under ``on_error="skip"`` (counted as batches are received).
     """
 
     window: int
@@ -22,3 +24,4 @@ class LoaderStats:
     io_concurrency: int
     max_fetching: int
     batches: int
+    skipped: int = 0

@@ -29,6 +29,7 @@ from typing import Any
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
 from asyncloader._failure import Failure
+from asyncloader._skip import EMPTY, Trimmed
 from asyncloader._threads import new_event_loop
 from asyncloader.errors import LoaderTimeoutError
 
@@ -181,6 +182,19 @@ class SyncIterator:
         return self
 
     def __next__(self) -> Any:
+        while True:
+            seq, item = self._receive()
+            if type(item) is Trimmed:  # on_error="skip" left samples out
+                assert self._epoch.skips is not None
+                item = self._epoch.skips.settle(seq, item)
+                if item is EMPTY:
+                    continue  # received (it counts for state_dict()), but nothing to yield
+            if isinstance(item, Failure):
+                item.reraise()  # this batch only: the next call goes on with the next one
+            return hand_over(item)
+
+    def _receive(self) -> tuple[int, Any]:
+        """The next ``(seq, batch)``, recorded as received and its permit returned."""
         if self._done:
             raise StopIteration
         try:
@@ -199,9 +213,7 @@ class SyncIterator:
             self._epoch.progress.delivered(seq)
             with contextlib.suppress(RuntimeError):
                 self._pump.loop.call_soon_threadsafe(self._epoch.release)
-            if isinstance(item, Failure):
-                item.reraise()  # this batch only: the next call goes on with the next one
-            return hand_over(item)
+            return seq, item
         self.close()
         if kind == _ERROR:
             raise payload

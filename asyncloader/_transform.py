@@ -25,6 +25,7 @@ from torch.utils.data import default_collate, default_convert
 
 from asyncloader._engine import Engine
 from asyncloader._plan import BatchPlan, run_batch
+from asyncloader._skip import Trimmed
 from asyncloader._threads import run_in_thread
 from asyncloader._transport import from_shared, nbytes
 from asyncloader.errors import WorkerCrashedError
@@ -97,7 +98,7 @@ class Transformer:
         self._inline = inline
 
     async def run(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
-        """Returns batch ``seq`` (or its Failure).
+        """Returns batch ``seq`` (or its Failure, or under ``on_error="skip"`` a Trimmed).
 
         Raises:
             WorkerCrashedError: A worker process died while the engine held this batch.
@@ -108,7 +109,11 @@ class Transformer:
         async with self._room:
             try:  # submit() itself raises once the pool is broken
                 future = self._engine.submit(seq, indices, samples, self._epoch_seed)
-                return from_shared(await asyncio.wrap_future(future))
+                result = await asyncio.wrap_future(future)
+                if type(result) is Trimmed:  # on_error="skip" left samples out
+                    result.batch = from_shared(result.batch)
+                    return result
+                return from_shared(result)
             except BrokenProcessPool as exc:
                 engine, inflight = self._engine, self._inflight
                 details = await run_in_thread(

@@ -107,6 +107,23 @@ def check_auto_batching(batch_size: int | None, drop_last: bool) -> None:
         )
 
 
+def check_on_error(on_error: Any, max_skipped: Any) -> None:
+    """``on_error`` is ``"raise"`` or ``"skip"``; ``"skip"`` needs a budget, ``"raise"`` none."""
+    if not isinstance(on_error, str):
+        raise TypeError(f"on_error must be 'raise' or 'skip', got {type(on_error).__qualname__}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+    if on_error == "skip":
+        if max_skipped is None:
+            raise ValueError(
+                "on_error='skip' needs max_skipped=N, the most samples to skip per epoch "
+                "before a bad sample fails its batch"
+            )
+        check_int("max_skipped", max_skipped, 1)
+    elif max_skipped is not None:
+        raise ValueError(f"max_skipped={max_skipped!r} is only meaningful with on_error='skip'")
+
+
 def check_map_sampling(
     batch_size: int | None, shuffle: Any, sampler: Any, batch_sampler: Any, drop_last: bool
 ) -> None:

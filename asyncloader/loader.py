@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 from asyncloader._async import AsyncIterator
 from asyncloader._epoch import Epoch
 from asyncloader._options import Options
+from asyncloader._skip import SKIP_LOG_LENGTH
 from asyncloader._start import capture_rng, start_epoch
 from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerprint
 from asyncloader._stats import LoaderStats
@@ -75,6 +77,16 @@ class AsyncLoader:
             reseeds this process's RNGs (your model's too) and runs a sync ``__getitem__`` one
             at a time; an ``async def __getitem__`` is not covered (keep randomness in
             ``transform``).
+        on_error: ``"raise"`` (default): a sample's exception fails its batch. ``"skip"``: a
+            sample whose ``__getitem__`` or ``transform`` raises an ``Exception`` is left out
+            of its batch, which is yielded smaller (not at all when every sample was left
+            out; it still counts as received for ``state_dict()``). Each skip is counted
+            (``stats.skipped``), kept in ``skip_log`` and logged as a warning on the
+            ``asyncloader`` logger with its stage, batch and index. ``collate_fn`` errors and
+            an iterable source's own iterator errors are never skipped.
+        max_skipped: With ``on_error="skip"`` (and required there): the most samples to skip
+            per epoch; the next bad sample fails its batch with its own exception and a note
+            that the budget is spent (that step raises, the epoch goes on).
 
     Memory bound: at most ``stats.window`` batches are taken from the sampler and not yet
     handed to the consumer: ``prefetch * max(1, num_workers)`` in the executor plus, where
@@ -107,6 +119,8 @@ class AsyncLoader:
         mp_context: Any = None,
         generator: torch.Generator | None = None,
         seed_per_sample: bool = False,
+        on_error: str = "raise",
+        max_skipped: int | None = None,
     ) -> None:
         self._options = Options(
             dataset=dataset,
@@ -117,6 +131,7 @@ class AsyncLoader:
             pin_memory=pin_memory, device=device, timeout=timeout,
             worker_init_fn=worker_init_fn, persistent_workers=persistent_workers,
             mp_context=mp_context, generator=generator, seed_per_sample=seed_per_sample,
+            on_error=on_error, max_skipped=max_skipped,
         )  # fmt: skip
         self._workers = Workers(self._options)
         self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
@@ -126,6 +141,7 @@ class AsyncLoader:
         self._last: Epoch | None = None
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
+        self._skip_log: deque[tuple[Any, str]] = deque(maxlen=SKIP_LOG_LENGTH)
 
     # DataLoader's attributes, read-only.
     dataset = property(lambda self: self._options.dataset)
@@ -151,11 +167,17 @@ class AsyncLoader:
 
     @property
     def stats(self) -> LoaderStats:
-        """Counters of the current (or last) epoch: window, high-water marks, batches."""
+        """Counters of the current (or last) epoch: window, high-water marks, batches, skips."""
         if self._last is None:
             options = self._options
             return LoaderStats(options.window, 0, options.io_concurrency, 0, 0)
         return self._last.stats
+
+    @property
+    def skip_log(self) -> list[tuple[Any, str]]:
+        """The last 16 samples ``on_error="skip"`` left out, across epochs, oldest first:
+        ``(index, "ExceptionType: message")``."""
+        return list(self._skip_log)
 
     def _new_epoch(self) -> Epoch:
         """Starts the next epoch (or the resumed one) on the consumer's thread."""
@@ -163,7 +185,8 @@ class AsyncLoader:
         resume, self._resume = self._resume, None
         start = start_epoch(self._options, self._epoch + 1, resume)
         self._epoch = start.number
-        self._last = Epoch(self._options, start, self._workers.lease(start.seed))
+        lease = self._workers.lease(start.seed)
+        self._last = Epoch(self._options, start, lease, self._skip_log)
         self._epochs.add(self._last)
         return self._last
 

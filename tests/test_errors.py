@@ -19,16 +19,25 @@ from tests.helpers import (
 )
 
 
-def consume(loader, mode, seen):
-    """Iterates one epoch, appending each batch to `seen` before the error (if any) escapes."""
+def consume(loader, mode, seen, on_error=lambda: None):
+    """Iterates one epoch, appending each batch to `seen` before the error (if any) escapes;
+    ``on_error()`` runs as it escapes (inside the event loop, for async)."""
     if mode == "sync":
-        for batch in loader:
-            seen.append(batch)
+        try:
+            for batch in loader:
+                seen.append(batch)
+        except Exception:
+            on_error()
+            raise
         return
 
     async def run():
-        async for batch in loader:
-            seen.append(batch)
+        try:
+            async for batch in loader:
+                seen.append(batch)
+        except Exception:
+            on_error()
+            raise
 
     asyncio.run(run())
 
@@ -204,27 +213,16 @@ def test_timeout_is_raised_after_about_timeout_seconds(mode, num_workers):
 
 
 def time_to_error(loader, mode, then=lambda: None):
-    """The exception an epoch raised, and the seconds from its start until it was raised;
-    ``then()`` is called right after."""
-    start = time.monotonic()
-    if mode == "sync":
-        try:
-            for _ in loader:
-                pass
-        except Exception as exc:
-            waited = time.monotonic() - start
-            then()
-            return exc, waited
-        raise AssertionError("no error")
+    """The exception an epoch raised, and the seconds from its start until it was raised
+    (before asyncio.run's teardown); ``then()`` is called right after."""
+    start, waited = time.monotonic(), []
 
-    async def run():
-        try:
-            async for _ in loader:
-                pass
-        except Exception as exc:
-            waited = time.monotonic() - start
-            then()
-            return exc, waited
-        raise AssertionError("no error")
+    def on_error():
+        waited.append(time.monotonic() - start)
+        then()
 
-    return asyncio.run(run())
+    try:
+        consume(loader, mode, [], on_error)
+    except Exception as exc:
+        return exc, waited[0]
+    raise AssertionError("no error")
