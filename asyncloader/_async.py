@@ -14,8 +14,7 @@ from typing import Any
 
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
-from asyncloader._failure import Failure
-from asyncloader._skip import EMPTY, Trimmed
+from asyncloader._skip import EMPTY
 from asyncloader._stats import LoaderStats
 from asyncloader.errors import LoaderTimeoutError
 
@@ -39,15 +38,10 @@ class AsyncIterator:
 
     async def __anext__(self) -> Any:
         while True:
-            seq, batch = await self._receive()
-            if type(batch) is Trimmed:  # on_error="skip" left samples out
-                assert self._epoch.skips is not None
-                batch = self._epoch.skips.settle(seq, batch)
-                if batch is EMPTY:
-                    continue  # received (it counts for state_dict()), but nothing to yield
-            if isinstance(batch, Failure):
-                batch.reraise()  # this batch only: the next step goes on with the next one
-            return hand_over(batch)
+            seq, item = await self._receive()
+            batch = self._epoch.outcome(seq, item)  # raises a failed batch's error
+            if batch is not EMPTY:
+                return hand_over(batch)
 
     async def _receive(self) -> tuple[int, Any]:
         """The next ``(seq, batch)``, recorded as received and its permit returned."""

@@ -147,6 +147,20 @@ class Epoch:
         self._inflight.pop(seq, None)
         return seq, item
 
+    def outcome(self, seq: int, item: Any) -> Any:
+        """What the consumer gets for batch ``seq`` (``item`` from :meth:`next`), on its thread.
+
+        Returns the batch, or :data:`~asyncloader._skip.EMPTY` when ``on_error="skip"`` left no
+        sample in it (received, nothing to yield). Raises the batch's own error when one of
+        its stages failed: that step only; the next goes on with the next batch.
+        """
+        if type(item) is Trimmed:  # on_error="skip" left samples out
+            assert self.skips is not None
+            item = self.skips.settle(seq, item)
+        if isinstance(item, Failure):
+            item.reraise()
+        return item
+
     def release(self) -> None:
         """The consumer has received a batch: return its permit to the window (on the loop)."""
         self._window.release()

@@ -28,8 +28,7 @@ from typing import Any
 
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
-from asyncloader._failure import Failure
-from asyncloader._skip import EMPTY, Trimmed
+from asyncloader._skip import EMPTY
 from asyncloader._threads import new_event_loop
 from asyncloader.errors import LoaderTimeoutError
 
@@ -184,14 +183,9 @@ class SyncIterator:
     def __next__(self) -> Any:
         while True:
             seq, item = self._receive()
-            if type(item) is Trimmed:  # on_error="skip" left samples out
-                assert self._epoch.skips is not None
-                item = self._epoch.skips.settle(seq, item)
-                if item is EMPTY:
-                    continue  # received (it counts for state_dict()), but nothing to yield
-            if isinstance(item, Failure):
-                item.reraise()  # this batch only: the next call goes on with the next one
-            return hand_over(item)
+            batch = self._epoch.outcome(seq, item)  # raises a failed batch's error
+            if batch is not EMPTY:
+                return hand_over(batch)
 
     def _receive(self) -> tuple[int, Any]:
         """The next ``(seq, batch)``, recorded as received and its permit returned."""
