@@ -30,13 +30,14 @@ def test_one_hundred_breaks_mid_epoch_leave_nothing_behind(clean):
     """100 epochs broken off mid-way: each one's workers and threads are gone right after;
     the loader's loop thread, which its epochs share, goes with close()."""
     threads, procs = loader_threads(), worker_processes()
+    epoch_before = epoch_threads()
     loader = AsyncLoader(SyncSource(400), batch_size=4, num_workers=2)
     for cycle in range(100):
         for k, _ in enumerate(loader):
             if k == cycle % 5:
                 break
         assert worker_processes() == procs, f"cycle {cycle}"
-        assert epoch_threads() == threads, f"cycle {cycle}"
+        assert epoch_threads() == epoch_before, f"cycle {cycle}"
     assert {t.name for t in loader_threads() - threads} == {"asyncloader-loop"}
     loader.close()
 

@@ -149,6 +149,9 @@ class CountedPickles(SyncSource):
 def test_dataset_is_shipped_once_per_worker_not_per_task(mp_context, pickles):
     """50 batches, 2 workers: the dataset is pickled once per worker at start (not at all when
     the workers are forked from a single-threaded process), never per task."""
+    # Loaders of earlier tests kept in reference cycles (a caught exception's traceback holds
+    # its iterator, and that its loader) go now: their loop threads would make fork unsafe.
+    gc.collect()
     CountedPickles.pickled = 0
     loader = AsyncLoader(CountedPickles(100), batch_size=2, num_workers=2, mp_context=mp_context)
     assert indices_of(loader) == list(range(100))
