@@ -1,0 +1,31 @@
+"""A training process that tests/test_hygiene.py kills: it iterates an AsyncLoader with 2
+workers over a million slow samples and prints "ready" once it has its first batch.
+
+``python train_forever.py {main,thread} {default,fork}``: iterate in the main thread (where
+asyncloader forks its workers) or in another thread (where it uses the fork server, unless
+``mp_context="fork"`` is asked for with ``fork``).
+"""
+
+import sys
+import threading
+
+from asyncloader import AsyncLoader
+from tests.helpers import SyncSource
+
+
+def train(mp_context: str | None) -> None:
+    loader = AsyncLoader(SyncSource(10**6), batch_size=4, num_workers=2, mp_context=mp_context)
+    for k, _ in enumerate(loader):
+        if k == 0:
+            print("ready", flush=True)
+
+
+if __name__ == "__main__":
+    where, start = sys.argv[1:3]
+    mp_context = None if start == "default" else start
+    if where == "main":
+        train(mp_context)
+    else:
+        thread = threading.Thread(target=train, args=(mp_context,), name="trainer")
+        thread.start()
+        thread.join()
