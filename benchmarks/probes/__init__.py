@@ -4,6 +4,7 @@
 bench`` runs none of them. Run each from the repository root as ``python -m
 benchmarks.probes.NAME``; ``--help`` says what it measures.
 
+- ``exit_time``: exit after a raise with a live iterator, and workers' exit after a SIGKILL.
 - ``gpu_copy``: host-to-GPU copy, pageable against pinned against asyncloader's device thread.
 - ``http_scaling``: ``HTTPSource``'s items/s against ``io_concurrency`` behind the 20 ms server.
 - ``io_ceiling``: a bare uvloop program on the io workload, the ceiling asyncloader is held to.
