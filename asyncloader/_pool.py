@@ -182,8 +182,8 @@ class ProcessPool:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        if manager is not None:
-            manager.join()
+        if manager is not None and manager is not threading.current_thread():
+            manager.join()  # (a finalizer may run this on the manager thread itself)
         # The counter's lock and the queues held by the Process objects are named semaphores
         # in /dev/shm until collected: drop them now, not when the loader goes.
         self._counter = None

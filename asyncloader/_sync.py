@@ -91,8 +91,8 @@ class LoopThread:
     def thread(self) -> threading.Thread | None:
         return self._thread
 
-    def stop(self) -> None:
-        """Stops the loop and joins its thread. Idempotent."""
+    def stop(self, wait: bool = True) -> None:
+        """Stops the loop and, with ``wait``, joins its thread. Idempotent."""
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
@@ -100,7 +100,7 @@ class LoopThread:
             return
         with contextlib.suppress(RuntimeError):  # already closed
             loop.call_soon_threadsafe(loop.stop)
-        if thread is not threading.current_thread():
+        if wait and thread is not threading.current_thread():
             thread.join()
 
 
@@ -141,11 +141,19 @@ async def _pump(epoch: Epoch, out: queue.SimpleQueue[tuple[int, Any]]) -> None:
             out.put(final)
 
 
-def _stop(pump: Job) -> None:
-    """Cancels the pump and waits until the epoch is closed (the finalizer: holds no iterator)."""
+def _stop(pump: Job, wait: bool = True) -> None:
+    """Cancels the pump and, with ``wait``, waits until the epoch is closed."""
     pump.cancel()
-    if not _on_loop(pump.loop):
+    if wait and not _on_loop(pump.loop):
         pump.done.wait()
+
+
+def _finalize(pump: Job) -> None:
+    """The iterator's finalizer: garbage collection may run it on any thread, also one the
+    epoch's closing waits for (a thread being started, a pool's thread), so it waits for the
+    epoch only on the main thread (where an unreferenced iterator usually dies, and which the
+    loop never waits for); elsewhere the epoch closes in the background."""
+    _stop(pump, wait=threading.current_thread() is threading.main_thread())
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -175,7 +183,7 @@ class SyncIterator:
         self._queue: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._pump = loop.run(_pump(epoch, self._queue))
         self._done = False
-        self._finalizer = weakref.finalize(self, _stop, self._pump)
+        self._finalizer = weakref.finalize(self, _finalize, self._pump)
 
     def __iter__(self) -> SyncIterator:
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -25,8 +26,11 @@ from asyncloader._workers import Workers
 
 def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> None:
     """Stops what a loader keeps across epochs: its loop thread (the ``for`` epochs still on it
-    are cancelled and closed), then its persistent workers. Also the loader's finalizer."""
-    loop_thread.stop()
+    are cancelled and closed), then its persistent workers. Also the loader's finalizer, which
+    garbage collection may run on any thread, also one the loop thread waits for: the loop
+    thread is joined only from the main thread (which it never waits for) or from close()."""
+    explicit_or_main = not warn or threading.current_thread() is threading.main_thread()
+    loop_thread.stop(wait=explicit_or_main)
     workers.close(warn)
 
 
