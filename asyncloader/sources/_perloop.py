@@ -1,12 +1,14 @@
 """One client (an aiohttp session, an fsspec filesystem) per running event loop.
 
 Clients of aiohttp and aiobotocore are bound to the loop they were made on. A loader iterated
-with ``async for`` runs on the caller's loop; iterated with ``for`` it runs each epoch on a new
-loop in a new thread. So a source makes its client lazily, on the loop it is first awaited
-on, keyed by that loop, and never uses it from another.
+with ``async for`` runs on the caller's loop; iterated with ``for`` it runs its epochs on the
+loader's own loop thread (one per loader, kept across epochs, so a client is reused by the
+next epoch). So a source makes its client lazily, on the loop it is first awaited on, keyed by
+that loop, and never uses it from another.
 
 Each client is closed on its own loop when that loop shuts down its async generators, which
-``asyncio.run``, ``asyncio.Runner`` and the loader's ``for`` do before closing the loop: the
+``asyncio.run``, ``asyncio.Runner`` and the loader's loop thread (when the loader closes) do
+before closing the loop: the
 client is held by a tiny async generator, first iterated on the loop (which registers it for
 ``loop.shutdown_asyncgens()``), whose ``finally`` closes the client. ``aclose()`` closes the
 running loop's client earlier. A loop closed without ``shutdown_asyncgens()`` leaks its client
