@@ -222,3 +222,28 @@ def test_invalid_arguments_fail_in_the_constructor():
         HTTPSource(["http://127.0.0.1:1/x"], max_object_size=0)
     with pytest.raises(TypeError, match="urls must be a sequence"):
         HTTPSource("http://127.0.0.1:1/x")
+
+
+def test_for_epochs_of_one_loader_reuse_one_connection_pool(http_server, monkeypatch):
+    """The `for` epochs of one loader run on its one loop thread, so the source opens one
+    aiohttp session for all of them, closed when the loader closes."""
+    import aiohttp
+
+    opened = []
+    original = aiohttp.ClientSession.__init__
+
+    def counting(self, *args, **kwargs):
+        opened.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(aiohttp.ClientSession, "__init__", counting)
+    server = http_server({f"o/{i}": bytes([i]) for i in range(8)})
+    loader = AsyncLoader(HTTPSource([server.url(f"o/{i}") for i in range(8)]), batch_size=4)
+    for _ in range(3):
+        assert [list(b) for b in loader] == [
+            [bytes([i]) for i in range(4)],
+            [bytes([i]) for i in range(4, 8)],
+        ]
+    assert len(opened) == 1 and not opened[0].closed
+    loader.close()
+    assert opened[0].closed
