@@ -99,11 +99,11 @@ def init_worker(
 ) -> None:
     """Initializer of each pool process: takes an id, seeds, keeps the plan, calls the hook.
 
-    First of all it makes the worker exit once ``owner_pid`` (the training process) has
+    First of all it makes the worker exit once ``owner_pid`` (the training process) has exited
     (:mod:`asyncloader._orphans`). It also makes malloc keep a batch's freed samples for the
     next batch (:func:`asyncloader._malloc.keep_freed_memory`).
     """
-    global _info, _plan, _running
+    global _info, _plan, _running, _init_failure
     watch_parent(owner_pid)
     with counter.get_lock():
         worker_id = counter.value
@@ -123,7 +123,6 @@ def init_worker(
         except Exception as exc:
             # Kept, not raised: an initializer that raises breaks the whole executor and the
             # user's exception is lost. Every task this worker gets answers with it instead.
-            global _init_failure
             exc.add_note(f"asyncloader: stage=worker_init worker={worker_id}")
             _init_failure = Failure(exc, "".join(traceback.format_exception(exc)))
 
