@@ -17,6 +17,7 @@ from tests.helpers import (
     failing_collate,
     indices_of,
 )
+from tests.helpers.contracts import steps
 
 
 def consume(loader, mode, seen, on_error=lambda: None):
@@ -152,40 +153,14 @@ def test_a_user_timeout_error_is_not_mistaken_for_the_loader_timeout():
     assert not isinstance(info.value, LoaderTimeoutError)
 
 
-def collect_around_errors(loader, mode):
-    """One epoch stepped by hand: returns (batches received, errors raised), in order."""
-    got, errors = [], []
-    if mode == "sync":
-        it = iter(loader)
-        while True:
-            try:
-                got.append(next(it))
-            except StopIteration:
-                return got, errors
-            except CodedError as exc:
-                errors.append(exc)
-
-    async def run():
-        it = aiter(loader)
-        while True:
-            try:
-                got.append(await anext(it))
-            except StopAsyncIteration:
-                return got, errors
-            except CodedError as exc:
-                errors.append(exc)
-
-    return asyncio.run(run())
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_failing_batch_raises_and_the_epoch_goes_on(mode, num_workers):
     """As in DataLoader: the failing batch raises from its step, later batches still come,
     each once, in order, and the state after the error skips the failed batch."""
     loader = AsyncLoader(FailingSource(40, bad=9), batch_size=4, num_workers=num_workers)
-    got, errors = collect_around_errors(loader, mode)
-    assert [str(e) for e in errors] == ["cannot read 9"]
+    got, errors = steps(loader, mode)
+    assert [(type(e), str(e)) for e in errors] == [(CodedError, "cannot read 9")]
     assert indices_of(got) == [i for i in range(40) if not 8 <= i < 12]
     assert loader.stats.batches == 10
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from asyncloader import AsyncLoader
+from tests.helpers.contracts import steps
 
 BAD = {3, 9, 10, 22}
 
@@ -56,35 +57,15 @@ class Stream:
         return iter(range(self.n))
 
 
+def plain_batch(batch):
+    """A batch as a list, checking that it is a plain tensor (no marker, no wrapper)."""
+    assert isinstance(batch, torch.Tensor), f"not a plain batch: {batch!r}"
+    return batch.tolist()
+
+
 def batches(loader, mode="sync"):
     """One epoch as ``(batches, errors)``: each step's batch or exception, the epoch going on."""
-    got, errors = [], []
-
-    def record(batch):
-        assert isinstance(batch, torch.Tensor), f"not a plain batch: {batch!r}"
-        got.append(batch.tolist())
-
-    if mode == "sync":
-        it = iter(loader)
-        while True:
-            try:
-                record(next(it))
-            except StopIteration:
-                return got, errors
-            except Exception as exc:
-                errors.append(exc)
-
-    async def run():
-        it = aiter(loader)
-        while True:
-            try:
-                record(await anext(it))
-            except StopAsyncIteration:
-                return got, errors
-            except Exception as exc:
-                errors.append(exc)
-
-    return asyncio.run(run())
+    return steps(loader, mode, plain_batch)
 
 
 def make(stage, source, n=24, bad=BAD, **kwargs):

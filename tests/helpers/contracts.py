@@ -54,6 +54,34 @@ def epoch(
     return asyncio.run(run())
 
 
+def steps(loader: Any, mode: str = "sync", key: Callable[[Any], Any] = lambda b: b) -> tuple:
+    """One epoch stepped by hand, going on after a step that raises (as a DataLoader loop that
+    logs and skips bad batches does): ``([key(batch), ...], [exception, ...])``, each in order."""
+    got: list = []
+    errors: list = []
+    if mode == "sync":
+        it = iter(loader)
+        while True:
+            try:
+                got.append(key(next(it)))
+            except StopIteration:
+                return got, errors
+            except Exception as exc:
+                errors.append(exc)
+
+    async def run() -> tuple:
+        it = aiter(loader)
+        while True:
+            try:
+                got.append(key(await anext(it)))
+            except StopAsyncIteration:
+                return got, errors
+            except Exception as exc:
+                errors.append(exc)
+
+    return asyncio.run(run())
+
+
 def check_order(batches: Sequence[Sequence], expected: Iterable) -> None:
     """Order: the samples of ``batches``, in delivery order, are ``expected``, in its order."""
     got, want = [s for b in batches for s in b], list(expected)
