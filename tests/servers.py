@@ -323,7 +323,10 @@ class SeaweedS3:
                     return
             except OSError:
                 pass
-            time.sleep(POLL_DELAY_S)  # an external process: nothing to await but its port
+            # Its readiness has no event to wait on, but its exit has: wait on that, so a
+            # server that dies is seen at once, and ask again when the wait times out.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=POLL_DELAY_S)
         raise RuntimeError("weed mini did not become ready")
 
     def __exit__(self, *exc_info: object) -> None:
