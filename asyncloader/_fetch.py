@@ -45,11 +45,8 @@ class _Batch:
         self.done = done
         self.skips: dict[int, Skip] = {}  # position -> the sample left out (on_error="skip")
 
-    def arrived(self) -> None:
-        """One more sample is in (or left out); resolves ``done`` after the last."""
-        self.left -= 1
-        if self.left:
-            return
+    def complete(self) -> None:
+        """Resolves ``done`` once every sample is in or left out (``left == 0``)."""
         if not self.skips:
             self.done.set_result(self.samples)
             return
@@ -183,7 +180,9 @@ class Fetcher:
                     self.fetching -= 1
                 if not done.done():
                     batch.samples[pos] = sample
-                    batch.arrived()
+                    batch.left -= 1  # inline: this runs once per sample
+                    if batch.left == 0:
+                        batch.complete()
         finally:
             self._runners -= 1
 
@@ -193,6 +192,8 @@ class Fetcher:
         index = batch.indices[pos]
         if self._skip:
             batch.skips[pos] = Skip.capture(exc, "fetch", batch.seq, batch.indices, index)
-            batch.arrived()
+            batch.left -= 1
+            if batch.left == 0:
+                batch.complete()
         else:
             batch.done.set_result(Failure.capture(exc, "fetch", batch.seq, batch.indices, index))
