@@ -38,9 +38,24 @@ class WithArrays:
         self.batch = batch
 
 
+def _plain(x: torch.Tensor) -> bool:
+    """A dense CPU tensor of a numpy dtype's kind, without autograd: asyncloader's fast paths
+    take it. Any other tensor (nested, sparse, quantized, a subclass, on a device, needing
+    grad) travels as torch's own multiprocessing pickling sends it, as under DataLoader."""
+    return (
+        type(x) is torch.Tensor
+        and x.layout is torch.strided
+        and not x.is_nested
+        and not x.is_quantized
+        and not x.requires_grad
+        and x.device.type == "cpu"
+    )
+
+
 def _share(x: Any, found: list[bool]) -> Any:
     if isinstance(x, torch.Tensor):
-        return x.share_memory_() if x.device.type == "cpu" else x
+        dense = x.layout is torch.strided and not x.is_nested
+        return x.share_memory_() if dense and x.device.type == "cpu" else x
     if isinstance(x, np.ndarray) and x.dtype != object:
         found.append(True)
         return SharedArray(torch.from_numpy(np.ascontiguousarray(x)).share_memory_())
@@ -68,7 +83,7 @@ def nbytes(batch: Any) -> int:
     def count(x: Any) -> Any:
         nonlocal total
         if isinstance(x, torch.Tensor):
-            total += x.nbytes
+            total += x.nbytes if _plain(x) else x.numel() * x.element_size()
             return x
         if isinstance(x, np.ndarray):
             total += x.nbytes
@@ -81,8 +96,8 @@ def nbytes(batch: Any) -> int:
 
 def _by_value(x: Any, found: list[bool]) -> Any:
     if isinstance(x, torch.Tensor):
-        if x.device.type != "cpu" or x.requires_grad or x.is_sparse:
-            return x.share_memory_() if x.device.type == "cpu" else x
+        if not _plain(x):
+            return x
         try:
             array = x.numpy()
         except TypeError:  # no numpy dtype (bfloat16...): shared memory it is
