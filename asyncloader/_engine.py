@@ -13,6 +13,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 from asyncloader._plan import BatchPlan, run_batch
+from asyncloader._seeding import Seeds
 
 
 class Engine(Protocol):
@@ -22,7 +23,7 @@ class Engine(Protocol):
         """Makes the engine ready for work (blocking: called off the event loop)."""
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, epoch_seed: int | None
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
     ) -> Future[Any]:
         """Starts batch ``seq``; the future resolves to the batch (or its Failure).
 
@@ -58,9 +59,9 @@ class ExecutorEngine:
         pass
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, epoch_seed: int | None
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
     ) -> Future[Any]:
-        return self.executor.submit(run_batch, self.plan, seq, indices, samples, epoch_seed)
+        return self.executor.submit(run_batch, self.plan, seq, indices, samples, seeds)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         return ""  # the executor's own message says it best

@@ -45,7 +45,7 @@ from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
 from asyncloader._reorder import ReorderBuffer
-from asyncloader._seeding import call_seeded
+from asyncloader._seeding import Seeds, call_seeded
 from asyncloader._skip import SKIP_LOG_LENGTH, SkipLedger, Trimmed
 from asyncloader._start import EpochStart
 from asyncloader._stats import LoaderStats
@@ -184,7 +184,7 @@ class Epoch:
         return LoaderStats(
             options.window,
             self._window.max_ahead,
-            options.io_concurrency,
+            options.fetch_concurrency,
             fetching,
             self.progress.batches,
             self.skips.count if self.skips is not None else 0,
@@ -224,7 +224,7 @@ class Epoch:
         async with asyncio.TaskGroup() as tg:
             if get is not None:
                 skip = self.skips is not None
-                self._fetcher = Fetcher(get, options.io_concurrency, tg.create_task, skip)
+                self._fetcher = Fetcher(get, options.fetch_concurrency, tg.create_task, skip)
             if device is not None:
                 tg.create_task(self._device_pump(device), name="device")
             admitted = 0
@@ -248,9 +248,9 @@ class Epoch:
         self._out.fail(exc)
 
     @property
-    def _epoch_seed(self) -> int | None:
-        """The seed per-sample seeds derive from, when ``seed_per_sample`` is on."""
-        return self.start_info.seed if self._options.seed_per_sample else None
+    def _seeds(self) -> Seeds:
+        """How this epoch's batches seed the global RNGs (see :mod:`asyncloader._seeding`)."""
+        return Seeds.of(self.start_info.seed, self._options.seed_per_sample)
 
     def _open_fetch(
         self, stack: contextlib.AsyncExitStack
@@ -261,11 +261,11 @@ class Epoch:
             return options.dataset.__getitem__
         if options.kind is not SourceKind.MAP or options.fetch_in_workers:
             return None
-        threads = loader_threads(options.io_concurrency, "asyncloader-fetch")
+        threads = loader_threads(options.fetch_concurrency, "asyncloader-fetch")
         _shut_down_with(stack, threads)
         loop, seed, getitem = (
             asyncio.get_running_loop(),
-            self._epoch_seed,
+            self._seeds.sample_seeds,
             options.dataset.__getitem__,
         )
         return lambda index: loop.run_in_executor(threads, call_seeded, seed, index, getitem, index)
@@ -281,7 +281,7 @@ class Epoch:
 
     async def _open_transform(self, stack: contextlib.AsyncExitStack) -> Transformer:
         """The engine of this epoch (worker pool, user executor or a loader thread)."""
-        options, seed = self._options, self._epoch_seed
+        options, seeds = self._options, self._seeds
         plan = BatchPlan.of(options)
         inline = None
         engine: Engine
@@ -292,8 +292,8 @@ class Epoch:
         else:
             engine = ExecutorEngine(loader_threads(1, "asyncloader-transform"), plan, owned=True)
             stack.push_async_callback(run_in_thread, engine.shutdown, "asyncloader-reaper")
-            inline = inline_plan(plan, seed)
-        return Transformer(engine, options.transform_window, seed, self._inflight, inline)
+            inline = inline_plan(plan, seeds)
+        return Transformer(engine, options.transform_window, seeds, self._inflight, inline)
 
     def _batches(self, stack: contextlib.AsyncExitStack) -> AsyncGenerator[Batch, None]:
         options, start = self._options, self.start_info

@@ -51,9 +51,11 @@ class Options:
     num_workers: int = 0
     executor: Executor | None = None
     io_concurrency: int = 64
+    fetch_threads: int = 1
     prefetch: int = 2
     in_order: bool = True
     pin_memory: bool = False
+    pin_memory_device: str = ""
     device: str | torch.device | None = None  # a torch.device once built
     timeout: float = 0
     worker_init_fn: Callable[[int], None] | None = None
@@ -71,7 +73,9 @@ class Options:
         kind = source_kind(self.dataset)
         check.check_int("num_workers", self.num_workers, 0)
         check.check_int("io_concurrency", self.io_concurrency, 1)
+        check.check_int("fetch_threads", self.fetch_threads, 1)
         check.check_int("prefetch", self.prefetch, 1)
+        check.check_instance("pin_memory_device", self.pin_memory_device, str, "a str")
         check.check_timeout(self.timeout)
         check.check_on_error(self.on_error, self.max_skipped)
         for name in ("collate_fn", "transform", "worker_init_fn"):
@@ -128,6 +132,14 @@ class Options:
         return self.kind is SourceKind.MAP and self.num_workers > 0
 
     @property
+    def fetch_concurrency(self) -> int:
+        """Samples at most being fetched at once in this process: a sync ``__getitem__``
+        without workers runs in ``fetch_threads`` threads (one call at a time by default)."""
+        if self.kind is SourceKind.MAP:
+            return min(self.io_concurrency, self.fetch_threads)
+        return self.io_concurrency
+
+    @property
     def transform_window(self) -> int:
         """Batches at most in the executor at once: ``prefetch`` per worker."""
         return self.prefetch * max(1, self.num_workers)
@@ -142,7 +154,7 @@ class Options:
         per_batch = self.batch_size or 1
         if self.batch_sampler is not None and self.batch_size is None:
             per_batch = getattr(self.batch_sampler, "batch_size", None) or 1
-        return math.ceil(self.io_concurrency / per_batch)
+        return math.ceil(self.fetch_concurrency / per_batch)
 
     @property
     def device_stage(self) -> bool:

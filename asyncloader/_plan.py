@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncloader._failure import Failure
-from asyncloader._seeding import call_seeded
+from asyncloader._seeding import Seeds, call_seeded
 from asyncloader._skip import Skip, Trimmed
 from asyncloader._transport import to_shared
 from asyncloader._worker import in_worker, init_failure, mark_running, worker_plan
@@ -61,15 +61,17 @@ def run_batch(
     seq: int,
     indices: Sequence[Any],
     samples: list[Any] | None,
-    epoch_seed: int | None = None,
+    seeds: Seeds | None = None,
 ) -> Any:
     """Fetches (when ``samples`` is None), transforms and collates one batch.
 
     Args:
         plan: What to do, or ``None`` in a worker that holds its plan already.
-        epoch_seed: When set, the global RNGs are seeded from ``(epoch_seed, index)`` before
-            each sample's ``__getitem__`` and ``transform``, and from ``(epoch_seed, seq)``
-            before collate: the batch is then the same whichever worker makes it.
+        seeds: How to seed the global RNGs first (:class:`~asyncloader._seeding.Seeds`): in a
+            worker process from ``(epoch seed, seq)`` once; with ``per_sample`` from
+            ``(epoch seed, index)`` before each sample's ``__getitem__`` and ``transform``
+            and from ``(epoch seed, seq)`` before collate. Either way the batch is the same
+            whichever worker makes it.
 
     Returns:
         The batch (ready to leave the process, in a worker process), or a :class:`Failure`
@@ -80,6 +82,10 @@ def run_batch(
     plan = plan if plan is not None else worker_plan()
     assert plan is not None, "run_batch without a plan outside an initialised worker"
     mark_running(seq)
+    epoch_seed = None
+    if seeds is not None:
+        seeds.seed_batch(seq)
+        epoch_seed = seeds.sample_seeds
     if plan.skip:
         try:
             return run_skipping(plan, seq, indices, samples, epoch_seed)

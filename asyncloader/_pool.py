@@ -30,6 +30,7 @@ from asyncloader._compat import (
 )
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan, run_batch
+from asyncloader._seeding import Seeds
 from asyncloader._start_method import check_start, default_mp_context
 from asyncloader._worker import Running, init_failure, init_worker
 from asyncloader.errors import WorkerCrashedError
@@ -119,10 +120,10 @@ class ProcessPool:
         return pool_is_broken(self.executor)
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, epoch_seed: int | None
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
     ) -> Future[Any]:
         """Runs batch ``seq`` in a worker, with the plan the worker holds."""
-        return self.executor.submit(run_batch, None, seq, indices, samples, epoch_seed)
+        return self.executor.submit(run_batch, None, seq, indices, samples, seeds)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         """Names the workers that died, how (exit code or signal) and the batch each held.

@@ -1,17 +1,25 @@
-"""Seeds of workers, epochs and samples, and seeding the global RNGs around user code.
+"""Seeds of workers, epochs, batches and samples, and seeding the global RNGs around user code.
 
-A worker's RNGs start from ``base_seed + worker_id`` (DataLoader's rule). With
-``seed_per_sample`` every sample (and every batch's collate) gets a seed derived from the epoch
-seed and its index alone, so the draws do not depend on which process or thread ran it.
+A worker's RNGs start from ``base_seed + worker_id`` (DataLoader's rule). Then, by default,
+each batch a worker process runs first seeds them from ``(epoch seed, batch number)``: the
+draws of ``__getitem__``, ``transform`` and ``collate`` depend on the batch alone, never on
+which worker ran it, so they repeat for any ``num_workers`` and after resume (DataLoader gets
+there by sending batch i to worker i % n, for one worker count). Batches run in the training
+process itself (``num_workers=0``) are not reseeded: they draw from your global RNGs, as under
+DataLoader. A ``worker_init_fn`` that seeds (or draws from) any of the three RNGs takes over
+seeding in its worker, as under DataLoader: that worker's batches are then not reseeded.
+With ``seed_per_sample`` every sample (and every batch's collate) gets a seed
+derived from the epoch seed and its index alone, in every process.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -54,6 +62,27 @@ def sample_seed(epoch_seed: int, key: Any) -> int:
     return _mix(epoch_seed ^ _mix(key & _MASK64)) >> 1
 
 
+def rng_states() -> tuple[Any, ...]:
+    """The states of the global ``torch`` (CPU), ``random`` and ``numpy`` RNGs, to compare."""
+    kind, key, pos, gauss, cached = np.random.get_state()
+    return (
+        torch.initial_seed(),
+        bytes(torch.get_rng_state().numpy()),
+        random.getstate(),
+        (kind, key.tobytes(), pos, gauss, cached),
+    )
+
+
+#: In a worker process: its ``worker_init_fn`` seeded or drew from the global RNGs, so batches
+#: are not reseeded there (:meth:`Seeds.seed_batch`).
+_user_seeded = False
+
+
+def leave_seeding_to_user() -> None:
+    global _user_seeded
+    _user_seeded = True
+
+
 #: Seeding the global RNGs and drawing from them must not interleave across threads of one
 #: process (with num_workers=0 the fetch threads and the transform thread share them).
 RNG_LOCK = threading.Lock()
@@ -66,3 +95,34 @@ def call_seeded(epoch_seed: int | None, key: Any, fn: Callable[[Any], Any], arg:
     with RNG_LOCK:
         seed_all(sample_seed(epoch_seed, key))
         return fn(arg)
+
+
+class Seeds(NamedTuple):
+    """How the user's code in an epoch's batches is seeded.
+
+    Attributes:
+        epoch: The epoch's seed (drawn from ``generator``, replayed on resume).
+        per_sample: ``seed_per_sample``: seed before every sample and every collate.
+        home_pid: The training process, whose global RNGs are the user's: never reseeded per
+            batch.
+    """
+
+    epoch: int
+    per_sample: bool
+    home_pid: int
+
+    @classmethod
+    def of(cls, epoch_seed: int, per_sample: bool) -> Seeds:
+        return cls(epoch_seed, per_sample, os.getpid())
+
+    @property
+    def sample_seeds(self) -> int | None:
+        """The seed per-sample seeds derive from (``per_sample``), else ``None``."""
+        return self.epoch if self.per_sample else None
+
+    def seed_batch(self, seq: int) -> None:
+        """Seeds this process's global RNGs for batch ``seq``, once, before its first sample:
+        only in a process other than the training process, and not when every sample is
+        seeded anyway, nor where a ``worker_init_fn`` took over seeding."""
+        if not self.per_sample and not _user_seeded and os.getpid() != self.home_pid:
+            seed_all(sample_seed(self.epoch, -1 - seq))

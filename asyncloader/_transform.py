@@ -25,6 +25,7 @@ from torch.utils.data import default_collate, default_convert
 
 from asyncloader._engine import Engine
 from asyncloader._plan import BatchPlan, run_batch
+from asyncloader._seeding import Seeds
 from asyncloader._skip import Trimmed
 from asyncloader._threads import run_in_thread
 from asyncloader._transport import from_shared, nbytes
@@ -52,14 +53,14 @@ def collate_small(samples: list[Any]) -> Any:
     return default_collate(samples)
 
 
-def inline_plan(plan: BatchPlan, epoch_seed: int | None) -> BatchPlan | None:
+def inline_plan(plan: BatchPlan, seeds: Seeds) -> BatchPlan | None:
     """The plan to run on the loop for small batches, or None: collate must be all there is to
     do (no dataset, no transform, no per-sample seeding, torch's default collate)."""
     if (
         plan.dataset is not None
         or plan.transform is not None
         or plan.collate not in (default_collate, default_convert)
-        or epoch_seed is not None
+        or seeds.per_sample
     ):
         return None
     if plan.collate is default_collate:
@@ -73,7 +74,7 @@ class Transformer:
     Args:
         engine: Where batches are processed.
         window: Batches at most in the engine.
-        epoch_seed: Per-sample seeds derive from it (``seed_per_sample``), or ``None``.
+        seeds: How batches seed the global RNGs (:class:`~asyncloader._seeding.Seeds`).
         inflight: seq -> indices of the batches not yet handed to the consumer (for crash
             reports).
         inline: A plan (from :func:`inline_plan`) under which small batches are collated on
@@ -81,19 +82,19 @@ class Transformer:
             otherwise wait on.
     """
 
-    __slots__ = ("_engine", "_epoch_seed", "_inflight", "_inline", "_room")
+    __slots__ = ("_engine", "_inflight", "_inline", "_room", "_seeds")
 
     def __init__(
         self,
         engine: Engine,
         window: int,
-        epoch_seed: int | None,
+        seeds: Seeds | None,
         inflight: Mapping[int, Sequence[Any]],
         inline: BatchPlan | None = None,
     ) -> None:
         self._engine = engine
         self._room = asyncio.Semaphore(window)
-        self._epoch_seed = epoch_seed
+        self._seeds = seeds
         self._inflight = inflight
         self._inline = inline
 
@@ -108,7 +109,7 @@ class Transformer:
             return run_batch(inline, seq, indices, samples, None)
         async with self._room:
             try:  # submit() itself raises once the pool is broken
-                future = self._engine.submit(seq, indices, samples, self._epoch_seed)
+                future = self._engine.submit(seq, indices, samples, self._seeds)
                 result = await asyncio.wrap_future(future)
                 if type(result) is Trimmed:  # on_error="skip" left samples out
                     result.batch = from_shared(result.batch)

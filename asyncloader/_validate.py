@@ -8,6 +8,7 @@ the line that made it rather than at the first batch.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import warnings
 from concurrent.futures import Executor
 from typing import Any
@@ -53,24 +54,78 @@ def check_workers(num_workers: int, executor: Any, persistent_workers: bool) -> 
         raise ValueError("persistent_workers option needs num_workers > 0")
 
 
+def dataloader_spellings(
+    num_workers: Any,
+    prefetch: int | None,
+    prefetch_factor: int | None,
+    mp_context: Any,
+    multiprocessing_context: Any,
+) -> tuple[int, Any]:
+    """``(prefetch, mp_context)`` from asyncloader's and DataLoader's names for them.
+
+    ``prefetch_factor`` keeps DataLoader's rule (only with workers); ``prefetch`` (batches per
+    worker, or per executor without workers) works everywhere. One name per option.
+    """
+    if prefetch is not None and prefetch_factor is not None:
+        raise TypeError("prefetch and prefetch_factor name one option: pass one of them")
+    if mp_context is not None and multiprocessing_context is not None:
+        raise TypeError("mp_context and multiprocessing_context name one option: pass one of them")
+    if prefetch_factor is not None:
+        if num_workers == 0:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing. "
+                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
+                "to None."
+            )
+        check_int("prefetch_factor", prefetch_factor, 1)
+        prefetch = prefetch_factor
+    context = mp_context if mp_context is not None else multiprocessing_context
+    return (2 if prefetch is None else prefetch), context
+
+
+def available_cores() -> int | None:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
+
+
+def warn_many_workers(num_workers: Any) -> None:
+    """DataLoader's warning when more workers than cores are asked for."""
+    cores = available_cores()
+    if isinstance(num_workers, int) and num_workers > 0 and (cores is None or num_workers > cores):
+        warnings.warn(
+            f"This AsyncLoader will create {num_workers} worker processes in total, and this "
+            f"process may use {cores or 'an unknown number of'} cores. Please be aware that "
+            "excessive worker creation might get DataLoader running slow or even freeze (the "
+            "same holds for AsyncLoader): lower num_workers if necessary.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def resolve_mp_context(mp_context: Any, num_workers: int) -> Any:
-    """The multiprocessing context named by ``mp_context`` (None: chosen per epoch)."""
+    """The multiprocessing context named by ``mp_context`` (None: chosen per epoch), with
+    DataLoader's checks of ``multiprocessing_context``."""
     if mp_context is None:
         return None
     if num_workers == 0:
         raise ValueError(
-            "mp_context can only be used with multi-process loading (num_workers > 0), "
-            f"but got {num_workers=}"
+            "multiprocessing_context can only be used with multi-process loading "
+            f"(num_workers > 0), but got num_workers={num_workers}"
         )
     if isinstance(mp_context, str):
         valid = multiprocessing.get_all_start_methods()
         if mp_context not in valid:
-            raise ValueError(f"mp_context={mp_context!r} must be one of {valid}")
+            raise ValueError(
+                f"multiprocessing_context option should specify a valid start method in "
+                f"{valid!r}, but got multiprocessing_context={mp_context!r}"
+            )
         return multiprocessing.get_context(mp_context)
     if not is_mp_context(mp_context):
         raise TypeError(
-            "mp_context must be a start method name or a multiprocessing context, "
-            f"got {type(mp_context).__qualname__}"
+            "multiprocessing_context option should be a valid context object or a string "
+            f"specifying the start method, but got multiprocessing_context={mp_context}"
         )
     return mp_context
 

@@ -19,7 +19,7 @@ from asyncloader._compat import set_torch_worker_info
 from asyncloader._failure import Failure
 from asyncloader._malloc import keep_freed_memory
 from asyncloader._orphans import watch_parent
-from asyncloader._seeding import seed_all
+from asyncloader._seeding import leave_seeding_to_user, rng_states, seed_all
 
 if TYPE_CHECKING:
     from asyncloader._plan import BatchPlan
@@ -119,7 +119,10 @@ def init_worker(
     set_torch_worker_info(worker_id, num_workers, seed, plan.dataset)
     if worker_init_fn is not None:
         try:
+            before = rng_states()
             worker_init_fn(worker_id)
+            if rng_states() != before:
+                leave_seeding_to_user()
         except Exception as exc:
             # Kept, not raised: an initializer that raises breaks the whole executor and the
             # user's exception is lost. Every task this worker gets answers with it instead.

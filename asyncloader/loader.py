@@ -6,11 +6,12 @@ import asyncio
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
+from torch.utils.data import Dataset
 
 from asyncloader._async import AsyncIterator
 from asyncloader._epoch import Epoch
@@ -21,7 +22,22 @@ from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerpri
 from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
 from asyncloader._threads import keep_torch_threads, run_in_thread
+from asyncloader._validate import dataloader_spellings, warn_many_workers
 from asyncloader._workers import Workers
+
+T_co = TypeVar("T_co", covariant=True)
+
+#: DataLoader's attributes that cannot change once the loader exists (assigning one raises
+#: ValueError, as in DataLoader); the others are read-only properties too.
+_FIXED = frozenset(
+    {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
+)
+
+
+class MapStyle(Protocol[T_co]):
+    """A map-style source: ``source[index]`` is a sample, or an awaitable of one."""
+
+    def __getitem__(self, index: Any, /) -> T_co | Awaitable[T_co]: ...
 
 
 def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> None:
@@ -34,7 +50,7 @@ def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> N
     workers.close(warn)
 
 
-class AsyncLoader:
+class AsyncLoader(Generic[T_co]):
     """Loads batches from ``dataset``: IO on an event loop, CPU work in a process pool.
 
     Arguments mean what they mean for ``torch.utils.data.DataLoader`` where it has them, so
@@ -49,38 +65,51 @@ class AsyncLoader:
         sampler: Any torch ``Sampler`` or iterable of indices (``DistributedSampler``...).
         batch_sampler: Yields lists of indices; exclusive with batch_size, shuffle, sampler,
             drop_last.
-        drop_last: Drop the last incomplete batch.
-        collate_fn: Turns a list of samples into a batch; default ``default_collate``.
-        transform: Picklable ``fn(sample) -> sample``, run in the executor before collate.
         num_workers: Worker processes to start (transform and collate run there, and a sync
-            ``__getitem__`` too); 0 runs them in threads of this process.
-        executor: Any ``concurrent.futures.Executor`` to use instead of asyncloader's pool
-            (exclusive with num_workers; size the window with ``prefetch``).
-        io_concurrency: Samples at most being fetched at once on the event loop (a sync
-            ``__getitem__`` with num_workers=0 runs in up to this many threads).
-        prefetch: Batches in the executor per worker (per executor without workers).
-        in_order: Yield batches in sampler order; ``False`` yields them as they complete.
+            ``__getitem__`` too); 0 runs them in threads of this process. More workers than
+            cores warns, as DataLoader does.
+        collate_fn: Turns a list of samples into a batch; default ``default_collate``.
         pin_memory: Pin batches in page-locked memory, on the ``asyncloader-device`` thread
             (without CUDA: one warning, batches pass through).
+        drop_last: Drop the last incomplete batch.
+        timeout: Seconds to wait for one batch; 0 waits for ever. Raises LoaderTimeoutError.
+        worker_init_fn: Called as ``fn(worker_id)`` in each worker after seeding. If it seeds
+            or draws from the global RNGs, the seeding of that worker is its own (batches are
+            not reseeded there; see ``generator``).
+        multiprocessing_context: Start method name or multiprocessing context for the workers
+            (``mp_context`` is the same option). Default: on Linux ``fork`` when the epoch
+            starts in the main thread of a process with no other thread (DataLoader's
+            situation; the workers are forked before the loader starts any thread), else
+            ``forkserver`` (fork after threads can deadlock); ``spawn`` elsewhere.
+        generator: ``torch.Generator`` for shuffling and the epoch's seed. Worker ``i`` starts
+            from ``seed + i`` (DataLoader's rule, ``get_worker_info().seed``); then each batch
+            a worker runs seeds its global RNGs from ``(epoch seed, batch number)``, so random
+            augmentations in ``__getitem__``, ``transform`` and ``collate_fn`` repeat with the
+            same seed for any ``num_workers`` and after resume. Batches made in this process
+            (``num_workers=0``) draw from your global RNGs, as under DataLoader.
+        prefetch_factor: DataLoader's name for ``prefetch``; only with workers, as there.
+        persistent_workers: Keep the worker processes across epochs.
+        pin_memory_device: Accepted for DataLoader's signature; pinning is for CUDA.
+        in_order: Yield batches in sampler order; ``False`` yields them as they complete.
+        transform: Picklable ``fn(sample) -> sample``, run in the executor before collate.
+        executor: Any ``concurrent.futures.Executor`` to use instead of asyncloader's pool
+            (exclusive with num_workers; size the window with ``prefetch``).
+        io_concurrency: Samples at most being fetched at once on the event loop.
+        fetch_threads: With ``num_workers=0``, threads calling a sync ``__getitem__`` at
+            once. Default 1: one call at a time, as DataLoader does, for datasets that are not
+            thread-safe (an open file, a seeded RNG, a lazily opened database). Raise it (up
+            to ``io_concurrency``) for a thread-safe ``__getitem__`` that waits on IO.
+        prefetch: Batches in the executor per worker (per executor without workers); default 2.
         device: Copy batches to this device on the ``asyncloader-device`` thread and its own
             CUDA stream, at most 2 batches ahead; the batch you get is safe on your stream.
-        timeout: Seconds to wait for one batch; 0 waits for ever. Raises LoaderTimeoutError.
-        worker_init_fn: Called as ``fn(worker_id)`` in each worker after seeding.
-        persistent_workers: Keep the worker processes across epochs.
-        mp_context: Start method name or multiprocessing context for the workers. Default:
-            on Linux ``fork`` when the epoch starts in the main thread of a process with no
-            other thread (DataLoader's situation; the workers are forked before the loader
-            starts any thread), else ``forkserver`` (fork after threads can deadlock);
-            ``spawn`` elsewhere.
-        generator: ``torch.Generator`` for shuffling and the workers' base seed.
+        mp_context: ``multiprocessing_context``, by asyncloader's shorter name.
         seed_per_sample: Seed the global ``torch``, ``random`` and ``numpy`` RNGs from
             ``(epoch seed, sample index)`` before each sample's ``__getitem__`` and
             ``transform`` (and from the batch before collate), so that with a seeded
-            ``generator`` an epoch, random augmentations included, is bit-identical whatever
-            ``num_workers`` and ``io_concurrency``. Off by default: with ``num_workers=0`` it
-            reseeds this process's RNGs (your model's too) and runs a sync ``__getitem__`` one
-            at a time; an ``async def __getitem__`` is not covered (keep randomness in
-            ``transform``).
+            ``generator`` an epoch is bit-identical whatever ``num_workers`` (0 included) and
+            ``io_concurrency``. Off by default: with ``num_workers=0`` it reseeds this
+            process's RNGs (your model's too) and runs a sync ``__getitem__`` one at a time;
+            an ``async def __getitem__`` is not covered (keep randomness in ``transform``).
         on_error: ``"raise"`` (default): a sample's exception fails its batch. ``"skip"``: a
             sample whose ``__getitem__`` or ``transform`` raises an ``Exception`` is left out
             of its batch, which is yielded smaller (not at all when every sample was left
@@ -92,51 +121,63 @@ class AsyncLoader:
             per epoch; the next bad sample fails its batch with its own exception and a note
             that the budget is spent (that step raises, the epoch goes on).
 
+    The arguments up to ``generator`` may be passed positionally, in DataLoader's order.
+    DataLoader's attributes (``dataset``, ``batch_size``, ``sampler``...) are read-only;
+    assigning one of those DataLoader fixes raises ``ValueError``, as there.
+
     Memory bound: at most ``stats.window`` batches are taken from the sampler and not yet
     handed to the consumer: ``prefetch * max(1, num_workers)`` in the executor plus, where
-    samples are fetched in this process, ``ceil(io_concurrency / batch_size)`` being fetched,
+    samples are fetched in this process, ``ceil(io_concurrency / batch_size)`` being fetched
+    (``fetch_threads`` in place of ``io_concurrency`` for a sync ``__getitem__``),
     plus 2 in the device stage when there is one.
     """
 
     def __init__(
         self,
-        dataset: Any,
-        /,
-        *,
+        dataset: Dataset[T_co] | MapStyle[T_co] | Iterable[T_co] | AsyncIterable[T_co],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Any = None,
         batch_sampler: Any = None,
-        drop_last: bool = False,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        transform: Callable[[Any], Any] | None = None,
         num_workers: int = 0,
-        executor: Executor | None = None,
-        io_concurrency: int = 64,
-        prefetch: int = 2,
-        in_order: bool = True,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
-        device: str | torch.device | None = None,
+        drop_last: bool = False,
         timeout: float = 0,
         worker_init_fn: Callable[[int], None] | None = None,
-        persistent_workers: bool = False,
-        mp_context: Any = None,
+        multiprocessing_context: Any = None,
         generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        transform: Callable[[Any], Any] | None = None,
+        executor: Executor | None = None,
+        io_concurrency: int = 64,
+        fetch_threads: int = 1,
+        prefetch: int | None = None,
+        device: str | torch.device | None = None,
+        mp_context: Any = None,
         seed_per_sample: bool = False,
         on_error: str = "raise",
         max_skipped: int | None = None,
     ) -> None:
+        prefetch, mp_context = dataloader_spellings(
+            num_workers, prefetch, prefetch_factor, mp_context, multiprocessing_context
+        )
         self._options = Options(
             dataset=dataset,
             batch_size=batch_size, shuffle=shuffle, sampler=sampler,
             batch_sampler=batch_sampler, drop_last=drop_last, collate_fn=collate_fn,
             transform=transform, num_workers=num_workers, executor=executor,
-            io_concurrency=io_concurrency, prefetch=prefetch, in_order=in_order,
-            pin_memory=pin_memory, device=device, timeout=timeout,
-            worker_init_fn=worker_init_fn, persistent_workers=persistent_workers,
-            mp_context=mp_context, generator=generator, seed_per_sample=seed_per_sample,
-            on_error=on_error, max_skipped=max_skipped,
+            io_concurrency=io_concurrency, fetch_threads=fetch_threads, prefetch=prefetch,
+            in_order=in_order, pin_memory=pin_memory, pin_memory_device=pin_memory_device,
+            device=device, timeout=timeout, worker_init_fn=worker_init_fn,
+            persistent_workers=persistent_workers, mp_context=mp_context, generator=generator,
+            seed_per_sample=seed_per_sample, on_error=on_error, max_skipped=max_skipped,
         )  # fmt: skip
+        warn_many_workers(num_workers)
         self._workers = Workers(self._options)
         self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
         self._finalizer = weakref.finalize(self, _release, self._workers, self._loop_thread, True)
@@ -155,6 +196,24 @@ class AsyncLoader:
     batch_sampler = property(lambda self: self._options.batch_sampler)
     num_workers = property(lambda self: self._options.num_workers)
     generator = property(lambda self: self._options.generator)
+    collate_fn = property(lambda self: self._options.collate)
+    pin_memory = property(lambda self: self._options.pin_memory)
+    pin_memory_device = property(lambda self: self._options.pin_memory_device)
+    timeout = property(lambda self: self._options.timeout)
+    worker_init_fn = property(lambda self: self._options.worker_init_fn)
+    multiprocessing_context = property(lambda self: self._options.mp_context)
+    persistent_workers = property(lambda self: self._options.persistent_workers)
+    in_order = property(lambda self: self._options.in_order)
+    prefetch_factor = property(
+        lambda self: self._options.prefetch if self._options.num_workers else None
+    )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED:
+            raise ValueError(
+                f"{name} attribute should not be set after {type(self).__name__} is initialized"
+            )
+        super().__setattr__(name, value)
 
     def __len__(self) -> int:
         """Batches per epoch. Raises TypeError when the source has no length."""
@@ -174,7 +233,7 @@ class AsyncLoader:
         """Counters of the current (or last) epoch: window, high-water marks, batches, skips."""
         if self._last is None:
             options = self._options
-            return LoaderStats(options.window, 0, options.io_concurrency, 0, 0)
+            return LoaderStats(options.window, 0, options.fetch_concurrency, 0, 0)
         return self._last.stats
 
     @property

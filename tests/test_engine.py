@@ -20,7 +20,7 @@ class FakeEngine:
     def start(self) -> None:
         pass
 
-    def submit(self, seq, indices, samples, epoch_seed):
+    def submit(self, seq, indices, samples, seeds):
         if self.broken:
             raise BrokenProcessPool("gone")
         self.submitted.append(seq)
@@ -39,7 +39,7 @@ class FakeEngine:
 async def test_transformer_runs_batches_on_any_engine():
     """Batches go through the engine's submit, results come back unchanged."""
     engine = FakeEngine()
-    transformer = Transformer(engine, window=2, epoch_seed=None, inflight={})
+    transformer = Transformer(engine, window=2, seeds=None, inflight={})
     got = await asyncio.gather(*(transformer.run(seq, [seq, seq + 1], None) for seq in range(5)))
     assert got == [[seq, seq + 1] for seq in range(5)]
     assert sorted(engine.submitted) == list(range(5))
@@ -48,6 +48,6 @@ async def test_transformer_runs_batches_on_any_engine():
 @pytest.mark.asyncio
 async def test_a_broken_engine_is_a_worker_crash_with_its_description():
     """Whatever the engine, a lost worker raises WorkerCrashedError naming what it held."""
-    transformer = Transformer(FakeEngine(broken=True), window=1, epoch_seed=None, inflight={3: [9]})
+    transformer = Transformer(FakeEngine(broken=True), window=1, seeds=None, inflight={3: [9]})
     with pytest.raises(WorkerCrashedError, match=r"worker 7 died holding \[3\]"):
         await transformer.run(3, [9], None)
