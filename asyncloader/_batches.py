@@ -15,7 +15,7 @@ from typing import Any
 
 from asyncloader._options import Options
 from asyncloader._progress import Progress
-from asyncloader._state import Resume
+from asyncloader._state import Resume, source_state
 
 Batch = tuple[int, Sequence[Any], list[Any] | None]
 
@@ -39,6 +39,7 @@ async def map_batches(
 
 async def stream_batches(
     options: Options,
+    iterator: Any,
     resume: Resume,
     first_seq: int,
     progress: Progress,
@@ -47,6 +48,7 @@ async def stream_batches(
     """Batches of samples pulled from an iterable source; indices are stream offsets.
 
     Args:
+        iterator: What the source's ``__iter__`` (``__aiter__``) returned.
         first_seq: The seq of the next batch the source will give (``resume.start`` when the
             source restored its own state, else 0 and earlier batches are pulled and dropped).
         progress: Told the source's own state before each batch, when the source keeps one.
@@ -56,13 +58,13 @@ async def stream_batches(
     dataset, stateful = options.dataset, progress.tracks_source
     source_ait = None
     if thread is not None:
-        pull = _sync_puller(dataset, size, stateful, thread)
+        pull = _sync_puller(dataset, iterator, size, stateful, thread)
     else:
-        source_ait = aiter(dataset)
+        source_ait = iterator
 
         async def pull() -> tuple[list[Any], Any]:
             items = await _take_async(source_ait, size)
-            return items, dataset.state_dict() if stateful else None
+            return items, source_state(dataset, source_ait) if stateful else None
 
     try:
         for seq in itertools.count(first_seq):
@@ -84,17 +86,14 @@ async def stream_batches(
 
 
 def _sync_puller(
-    dataset: Any, size: int, stateful: bool, thread: Executor
+    dataset: Any, iterator: Iterator[Any], size: int, stateful: bool, thread: Executor
 ) -> Callable[[], Awaitable[tuple[list[Any], Any]]]:
-    """Pulls ``size`` items at a time from a sync iterable on ``thread``."""
+    """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``."""
     loop = asyncio.get_running_loop()
-    holder: list[Iterator[Any]] = []
 
     def take() -> tuple[list[Any], Any]:
-        if not holder:
-            holder.append(iter(dataset))
-        items = list(itertools.islice(holder[0], size))
-        return items, dataset.state_dict() if stateful else None
+        items = list(itertools.islice(iterator, size))
+        return items, source_state(dataset, iterator) if stateful else None
 
     return lambda: loop.run_in_executor(thread, take)
 

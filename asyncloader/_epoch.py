@@ -304,7 +304,9 @@ class Epoch:
         if options.kind is SourceKind.ITERABLE:
             thread = loader_threads(1, "asyncloader-source")
             _shut_down_with(stack, thread)
-        return stream_batches(options, start.resume, start.first_seq, self.progress, thread)
+        return stream_batches(
+            options, start.source_iter, start.resume, start.first_seq, self.progress, thread
+        )
 
     async def _process(
         self,

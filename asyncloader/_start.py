@@ -18,7 +18,8 @@ import torch
 
 from asyncloader._options import Options
 from asyncloader._seeding import draw_seed
-from asyncloader._state import Resume, decode_rng, is_stateful, resume_point
+from asyncloader._state import Resume, decode_rng, resume_point, source_state, warn_replayed
+from asyncloader.sources import SourceKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +32,14 @@ class EpochStart:
         rng: The RNG state the epoch's draws started from (kept for checkpoints).
         index_iter: The (batch) sampler's iterator, already started (map-style sources).
         resume: Where a resumed epoch starts (``Resume()`` for a fresh one).
+        source_iter: The iterator (or async iterator) of an iterable source, made by its
+            ``__iter__`` (``__aiter__``) here, on the consumer's thread, as DataLoader does.
         first_seq: The seq of the first batch an iterable source will give: ``resume.start``
             when the source restored its own state, else 0 (earlier batches are then pulled
             and dropped).
-        source_state: ``(first_seq, state)``: an iterable source's own state before its first
-            batch, when it keeps one (``state_dict``/``load_state_dict``); else ``None``.
+        source_state: ``(first_seq, state)``: an iterable source's own state (see
+            :func:`~asyncloader._state.source_state`) before its first batch, when it or its
+            iterator keeps one (``state_dict``/``load_state_dict``); else ``None``.
     """
 
     number: int
@@ -43,6 +47,7 @@ class EpochStart:
     rng: tuple[str, torch.Tensor]
     index_iter: Iterator[Any] | None
     resume: Resume
+    source_iter: Any = None
     first_seq: int = 0
     source_state: tuple[int, Any] | None = None
 
@@ -60,15 +65,16 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
         seed = draw_seed(generator)  # before the sampler draws, as DataLoader does
         index_iter = start_sampler(options) if options.kind.is_map else None
     resume = resume_point(state) if state else Resume()
-    first_seq, source_state = _restore_source(options, resume)
+    source_iter, first_seq, kept = _start_source(options, resume)
     return EpochStart(
         number=state["epoch"] if state else number,
         seed=seed,
         rng=rng,
         index_iter=index_iter,
         resume=resume,
+        source_iter=source_iter,
         first_seq=first_seq,
-        source_state=source_state,
+        source_state=kept,
     )
 
 
@@ -91,17 +97,29 @@ def _rng_replayed(
         torch.set_rng_state(saved)
 
 
-def _restore_source(options: Options, resume: Resume) -> tuple[int, tuple[int, Any] | None]:
-    """An iterable source that keeps state: restored to ``resume``'s, and its state before the
-    first batch it will give. Returns ``(first_seq, (first_seq, state) or None)``."""
-    dataset = options.dataset
-    if options.kind.is_map or not is_stateful(dataset):
-        return 0, None
-    first_seq = 0
-    if resume.source_state is not None:
-        dataset.load_state_dict(resume.source_state)
-        first_seq = resume.start
-    return first_seq, (first_seq, dataset.state_dict())
+def _start_source(options: Options, resume: Resume) -> tuple[Any, int, tuple[int, Any] | None]:
+    """Restores the source's own state, in torchdata's order (the dataset's, then ``iter()``,
+    then its iterator's), and starts an iterable source's iterator.
+
+    Returns:
+        ``(iterator, first_seq, (first_seq, state) or None)``: the state is the iterable
+        source's before the first batch it will give, when it keeps one.
+    """
+    dataset, saved = options.dataset, resume.source_state or {}
+    if saved.get("dataset") is not None:
+        dataset.load_state_dict(saved["dataset"])
+    if options.kind.is_map:
+        return None, 0, None
+    iterator = aiter(dataset) if options.kind is SourceKind.ASYNC_ITERABLE else iter(dataset)
+    if saved.get("iterator") is not None:
+        iterator.load_state_dict(saved["iterator"])
+    state = source_state(dataset, iterator)
+    if state is None:
+        if resume.start or resume.skip:
+            warn_replayed(dataset, resume.start)
+        return iterator, 0, None
+    first_seq = resume.start if resume.source_state is not None else 0
+    return iterator, first_seq, (first_seq, state)
 
 
 def capture_rng(generator: torch.Generator | None) -> tuple[str, torch.Tensor]:

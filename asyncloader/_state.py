@@ -4,6 +4,11 @@ The state is what the consumer has received, never what is in flight: prefetched
 discarded and refetched on resume (principle 6). An epoch is replayed from its start (the RNG
 state it began with reproduces the sampler's order and the per-sample seeds) and the batches
 already delivered are stepped over. Everything in the dict is JSON-friendly.
+
+A source's own state follows torchdata's protocol: the dataset's ``state_dict()`` and, for an
+iterable source, that of the iterator its ``__iter__`` returned, saved together as
+``{"dataset": ..., "iterator": ...}`` and restored in the order dataset, ``iter()``,
+iterator.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import torch
 
 from asyncloader._options import Options
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,31 @@ def is_stateful(source: Any) -> bool:
     """The source can report and restore its position itself."""
     return callable(getattr(source, "state_dict", None)) and callable(
         getattr(source, "load_state_dict", None)
+    )
+
+
+def source_state(dataset: Any, iterator: Any = None) -> dict[str, Any] | None:
+    """The own states of ``dataset`` and of its ``iterator`` (when it is another object),
+    or ``None`` when neither keeps one."""
+    state = {
+        "dataset": dataset.state_dict() if is_stateful(dataset) else None,
+        "iterator": (
+            iterator.state_dict()
+            if iterator is not None and iterator is not dataset and is_stateful(iterator)
+            else None
+        ),
+    }
+    return state if state["dataset"] is not None or state["iterator"] is not None else None
+
+
+def warn_replayed(dataset: Any, batches: int) -> None:
+    """A stateless iterable source resumed mid-epoch is replayed from its start."""
+    warnings.warn(
+        f"{type(dataset).__qualname__} (and the iterator its __iter__ returns) has no "
+        "state_dict()/load_state_dict(): resuming replays it from the start, pulling and "
+        f"dropping {batches} batches",
+        UserWarning,
+        stacklevel=4,
     )
 
 
@@ -86,14 +116,6 @@ def check_state(state: Any, options: Options) -> None:
                 f"state was saved with {name}={saved}, this loader has {name}={now}: the "
                 "batches would not line up; resume with the same value"
             )
-    behind = state["next_batch"] > 0 or state["delivered_beyond"]
-    if behind and not options.kind.is_map and not is_stateful(options.dataset):
-        warnings.warn(
-            f"{type(options.dataset).__qualname__} has no state_dict()/load_state_dict(): resuming "
-            f"replays it from the start, pulling and dropping {state['next_batch']} batches",
-            UserWarning,
-            stacklevel=3,
-        )
 
 
 def resume_point(state: dict) -> Resume:

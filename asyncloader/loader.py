@@ -18,7 +18,7 @@ from asyncloader._epoch import Epoch
 from asyncloader._options import Options
 from asyncloader._skip import SKIP_LOG_LENGTH
 from asyncloader._start import capture_rng, start_epoch
-from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerprint
+from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerprint, source_state
 from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
 from asyncloader._threads import keep_torch_threads, run_in_thread
@@ -260,19 +260,25 @@ class AsyncLoader(Generic[T_co]):
         which of its batches were delivered, and an iterable source's own ``state_dict()``
         before the first batch not delivered. Batches in flight are not part of it: they are
         fetched again on resume.
+
+        Between epochs (before the first, after one ended) it names the next epoch, the RNG
+        state its shuffle will draw from (the ``generator``'s, or torch's global one) and the
+        dataset's own ``state_dict()``. After :meth:`load_state_dict` and before the next
+        ``iter()``, it is the state loaded.
         """
+        if self._resume is not None:
+            return dict(self._resume)
         options, epoch = self._options, self._last
         if epoch is not None and not epoch.progress.finished:
             rng = epoch.start_info.rng
             position = {"epoch": self._epoch, "rng": encode_rng(rng), **epoch.progress.checkpoint()}
         else:
-            next_rng = capture_rng(options.generator) if options.generator is not None else None
             position = {
                 "epoch": self._epoch + 1,
-                "rng": encode_rng(next_rng),
+                "rng": encode_rng(capture_rng(options.generator)),
                 "next_batch": 0,
                 "delivered_beyond": [],
-                "source_state": None,
+                "source_state": source_state(options.dataset),
             }
         return {"version": STATE_VERSION, **fingerprint(options), **position}
 

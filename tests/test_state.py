@@ -88,7 +88,7 @@ def test_stateful_stream_is_not_replayed():
         next(it)
     state = loader.state_dict()
     it.close()
-    assert state["source_state"] == {"pos": 20}
+    assert state["source_state"] == {"dataset": {"pos": 20}, "iterator": None}
     resumed_stream = StatefulStream(40)
     resumed = AsyncLoader(resumed_stream, batch_size=4)
     resumed.load_state_dict(state)
@@ -106,9 +106,10 @@ def test_stateless_stream_warns_that_it_fast_forwards():
     state = loader.state_dict()
     it.close()
     resumed = AsyncLoader(PlainStream(20), batch_size=4)
+    resumed.load_state_dict(state)
     with pytest.warns(UserWarning, match="pulling and dropping 2 batches"):
-        resumed.load_state_dict(state)
-    assert indices_of(resumed) == list(range(8, 20))
+        rest = iter(resumed)  # the iterator __iter__ returns may keep state: known here
+    assert indices_of(rest) == list(range(8, 20))
 
 
 def test_state_between_epochs_starts_the_next_epoch():

@@ -1,0 +1,158 @@
+"""torchdata's resume protocol for what users bring: a stateful iterator returned by
+``__iter__``, a dataset's own state between epochs, the shuffle RNG without a generator, and
+``state_dict()`` right after ``load_state_dict()`` (issue 15, item 4)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from asyncloader import AsyncLoader
+from tests.helpers import SyncSource
+from tests.helpers.contracts import check_resume, flat
+
+
+class RandomWalk:
+    """An iterator with its own RNG and position, restorable through its own state_dict."""
+
+    def __init__(self, n: int, seed: int, log: list[str]) -> None:
+        self.n, self.pos, self.log = n, 0, log
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def __iter__(self) -> RandomWalk:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.pos >= self.n:
+            raise StopIteration
+        self.pos += 1
+        return torch.randint(0, 1000, (2,), generator=self.rng)
+
+    def state_dict(self) -> dict:
+        rng = self.rng.get_state().tolist()
+        return {"pos": self.pos, "rng": rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.log.append("iterator.load_state_dict")
+        self.pos = state["pos"]
+        self.rng.set_state(torch.tensor(state["rng"], dtype=torch.uint8))
+
+
+class WalkDataset(IterableDataset):
+    """Its ``__iter__`` returns a stateful iterator; the dataset keeps a seed of its own."""
+
+    def __init__(self, n: int = 30) -> None:
+        self.n, self.seed, self.log = n, 0, []
+
+    def __iter__(self) -> RandomWalk:
+        self.log.append("iter")
+        self.seed += 1  # state that __iter__ creates
+        return RandomWalk(self.n, self.seed, self.log)
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.log.append("dataset.load_state_dict")
+        self.seed = state["seed"]
+
+
+def test_a_stateful_iterator_resumes_exactly_without_replay():
+    """Every stop point: the rest equals the uninterrupted epoch's, random draws included,
+    and nothing is replayed (no warning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_resume(lambda: AsyncLoader(WalkDataset(), batch_size=4), key=flat)
+
+
+def test_restore_order_is_dataset_then_iter_then_iterator():
+    first = AsyncLoader(WalkDataset(), batch_size=4)
+    it = iter(first)
+    next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    it.close()
+    dataset = WalkDataset()
+    second = AsyncLoader(dataset, batch_size=4)
+    second.load_state_dict(state)
+    list(second)
+    assert dataset.log == ["dataset.load_state_dict", "iter", "iterator.load_state_dict"]
+
+
+def test_state_dict_after_iter_holds_what_iter_created():
+    """state_dict() before the first batch already has the state __iter__ made."""
+    dataset = WalkDataset()
+    loader = AsyncLoader(dataset, batch_size=4)
+    it = iter(loader)
+    state = loader.state_dict()
+    assert state["source_state"]["dataset"] == {"seed": 1}
+    assert state["source_state"]["iterator"]["pos"] == 0
+    it.close()
+
+
+def test_state_dict_right_after_load_state_dict_is_the_loaded_position():
+    """A second checkpoint before iterating must not restart the epoch at batch 0."""
+    make = lambda: AsyncLoader(SyncSource(40), batch_size=4, shuffle=True)  # noqa: E731
+    torch.manual_seed(3)
+    full = make()
+    it = iter(full)
+    for _ in range(4):
+        next(it)
+    state = json.loads(json.dumps(full.state_dict()))
+    rest = [flat(b) for b in it]
+    middle = make()
+    middle.load_state_dict(state)
+    again = middle.state_dict()
+    assert again == state
+    last = make()
+    last.load_state_dict(json.loads(json.dumps(again)))
+    assert [flat(b) for b in last] == rest
+
+
+class EpochCounter(Dataset):
+    """A map-style dataset with a state of its own, changed at the end of every epoch."""
+
+    def __init__(self) -> None:
+        self.epochs = 0
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        return index + 100 * self.epochs
+
+    def state_dict(self) -> dict:
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epochs = state["epochs"]
+
+
+def test_the_datasets_own_state_is_saved_between_epochs():
+    dataset = EpochCounter()
+    loader = AsyncLoader(dataset, batch_size=4)
+    list(loader)
+    dataset.epochs += 1  # what a training loop or the dataset does at the end of an epoch
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["source_state"] == {"dataset": {"epochs": 1}, "iterator": None}
+    restored = EpochCounter()
+    resumed = AsyncLoader(restored, batch_size=4)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [[100, 101, 102, 103], [104, 105, 106, 107]]
+
+
+def test_without_a_generator_a_state_before_the_epoch_replays_its_shuffle():
+    """state_dict() before iterating saves torch's global RNG state the shuffle will use;
+    loading it replays that shuffle, and the trainer's global RNG is left as it was."""
+    torch.manual_seed(5)
+    loader = AsyncLoader(SyncSource(40), batch_size=4, shuffle=True)
+    state = json.loads(json.dumps(loader.state_dict()))
+    expected = [flat(b) for b in loader]
+    torch.manual_seed(6)
+    trainer = torch.get_rng_state()
+    resumed = AsyncLoader(SyncSource(40), batch_size=4, shuffle=True)
+    resumed.load_state_dict(state)
+    assert [flat(b) for b in resumed] == expected
+    assert torch.equal(torch.get_rng_state(), trainer)
