@@ -22,7 +22,7 @@ from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerpri
 from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
 from asyncloader._threads import keep_torch_threads, run_in_thread
-from asyncloader._validate import dataloader_spellings, warn_many_workers
+from asyncloader._validate import check_int, dataloader_spellings, warn_many_workers
 from asyncloader._workers import Workers
 
 T_co = TypeVar("T_co", covariant=True)
@@ -120,6 +120,8 @@ class AsyncLoader(Generic[T_co]):
         max_skipped: With ``on_error="skip"`` (and required there): the most samples to skip
             per epoch; the next bad sample fails its batch with its own exception and a note
             that the budget is spent (that step raises, the epoch goes on).
+        snapshot_every_n_steps: Accepted for torchdata ``StatefulDataLoader``'s signature:
+            ``state_dict()`` is exact at every step, whatever its value.
 
     The arguments up to ``generator`` may be passed positionally, in DataLoader's order.
     DataLoader's attributes (``dataset``, ``batch_size``, ``sampler``...) are read-only;
@@ -162,10 +164,12 @@ class AsyncLoader(Generic[T_co]):
         seed_per_sample: bool = False,
         on_error: str = "raise",
         max_skipped: int | None = None,
+        snapshot_every_n_steps: int = 1,
     ) -> None:
         prefetch, mp_context = dataloader_spellings(
             num_workers, prefetch, prefetch_factor, mp_context, multiprocessing_context
         )
+        check_int("snapshot_every_n_steps", snapshot_every_n_steps, 1)
         self._options = Options(
             dataset=dataset,
             batch_size=batch_size, shuffle=shuffle, sampler=sampler,

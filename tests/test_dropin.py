@@ -240,8 +240,14 @@ def test_more_workers_than_cores_warn_as_dataloader_does(monkeypatch):
         (dict(fetch_threads=2.0), TypeError, "fetch_threads must be an int"),
         (dict(pin_memory_device=3), TypeError, "pin_memory_device must be a str"),
         (dict(num_workers=1, prefetch_factor=0), ValueError, "prefetch_factor=0 must be >= 1"),
+        (dict(snapshot_every_n_steps=0), ValueError, "snapshot_every_n_steps=0 must be >= 1"),
     ],
 )
 def test_new_arguments_are_checked(kw, error, match):
     with pytest.raises(error, match=match):
         AsyncLoader(SyncSource(8), **kw)
+
+
+def test_stateful_dataloaders_snapshot_every_n_steps_is_accepted_and_state_stays_exact():
+    make = lambda **kw: AsyncLoader(SyncSource(30), batch_size=3, snapshot_every_n_steps=4, **kw)  # noqa: E731
+    check_resume(make, [1, 5])
