@@ -90,9 +90,12 @@ def _sync_puller(
 ) -> Callable[[], Awaitable[tuple[list[Any], Any]]]:
     """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``."""
     loop = asyncio.get_running_loop()
+    # islice(x) calls iter(x), which restarts a dataset that is its own iterator: pull through
+    # its __next__ instead (a callable iterator ends at the first StopIteration).
+    stream = iter(iterator.__next__, object())
 
     def take() -> tuple[list[Any], Any]:
-        items = list(itertools.islice(iterator, size))
+        items = list(itertools.islice(stream, size))
         return items, source_state(dataset, iterator) if stateful else None
 
     return lambda: loop.run_in_executor(thread, take)

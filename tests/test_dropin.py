@@ -251,3 +251,24 @@ def test_new_arguments_are_checked(kw, error, match):
 def test_stateful_dataloaders_snapshot_every_n_steps_is_accepted_and_state_stays_exact():
     make = lambda **kw: AsyncLoader(SyncSource(30), batch_size=3, snapshot_every_n_steps=4, **kw)  # noqa: E731
     check_resume(make, [1, 5])
+
+
+class CountsTo(torch.utils.data.IterableDataset):
+    """An IterableDataset that is its own iterator: its __iter__ resets and returns self."""
+
+    def __iter__(self):
+        self.pos = 0
+        return self
+
+    def __next__(self) -> int:
+        if self.pos >= 10:
+            raise StopIteration
+        self.pos += 1
+        return self.pos
+
+
+@pytest.mark.timeout(20)
+def test_a_dataset_that_is_its_own_iterator_is_iterated_once_per_epoch():
+    loader = AsyncLoader(CountsTo(), batch_size=4, timeout=10)
+    for _ in range(2):
+        assert [b.tolist() for b in loader] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
