@@ -71,7 +71,7 @@ class Options:
 
     def __post_init__(self) -> None:
         kind = source_kind(self.dataset)
-        check.check_int("num_workers", self.num_workers, 0)
+        check.check_num_workers(self.num_workers)
         check.check_int("io_concurrency", self.io_concurrency, 1)
         check.check_int("fetch_threads", self.fetch_threads, 1)
         check.check_int("prefetch", self.prefetch, 1)

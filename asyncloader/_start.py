@@ -83,9 +83,13 @@ def _rng_replayed(
     generator: torch.Generator | None, rng: tuple[str, torch.Tensor] | None
 ) -> Iterator[None]:
     """Within: draws repeat the saved epoch's. A saved generator state is set on ``generator``
-    for good (it goes on from there, as it did); torch's global state only for the block."""
+    for good (it goes on from there, as it did). torch's global state is set only for the
+    block when the epoch had begun (your loop drew from it since, and restores it itself), for
+    good when the state was saved between epochs (``next_global``: nothing drew from it yet)."""
     if rng is not None and rng[0] == "generator" and generator is not None:
         generator.set_state(rng[1])
+    if rng is not None and rng[0] == "next_global":
+        torch.set_rng_state(rng[1])
     if rng is None or rng[0] != "global":
         yield
         return

@@ -14,6 +14,7 @@ iterator.
 from __future__ import annotations
 
 import base64
+import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -42,17 +43,23 @@ def is_stateful(source: Any) -> bool:
 
 
 def source_state(dataset: Any, iterator: Any = None) -> dict[str, Any] | None:
-    """The own states of ``dataset`` and of its ``iterator`` (when it is another object),
-    or ``None`` when neither keeps one."""
+    """Copies of the own states of ``dataset`` and of its ``iterator``, or ``None`` when
+    neither keeps one.
+
+    A dataset that is its own iterator (``__iter__`` returns ``self``) has its state saved
+    once, as the iterator's: restored after ``iter()``, which may reset it. Copies, because
+    the source is pulled ahead of the consumer: a ``state_dict()`` returning live objects
+    would otherwise change under a checkpoint taken earlier.
+    """
+    own = is_stateful(dataset) and iterator is not dataset
+    iterates = iterator is not None and is_stateful(iterator)
     state = {
-        "dataset": dataset.state_dict() if is_stateful(dataset) else None,
-        "iterator": (
-            iterator.state_dict()
-            if iterator is not None and iterator is not dataset and is_stateful(iterator)
-            else None
-        ),
+        "dataset": dataset.state_dict() if own else None,
+        "iterator": iterator.state_dict() if iterates else None,
     }
-    return state if state["dataset"] is not None or state["iterator"] is not None else None
+    if state["dataset"] is None and state["iterator"] is None:
+        return None
+    return copy.deepcopy(state)
 
 
 def warn_replayed(dataset: Any, batches: int) -> None:

@@ -43,6 +43,17 @@ def check_timeout(timeout: Any) -> None:
         raise ValueError(f"timeout option should be non-negative, got {timeout=}")
 
 
+def check_num_workers(num_workers: Any) -> None:
+    """DataLoader's check and message, after the type check."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        raise TypeError(f"num_workers must be an int, got {type(num_workers).__qualname__}")
+    if num_workers < 0:
+        raise ValueError(
+            "num_workers option should be non-negative; use num_workers=0 to disable "
+            f"multiprocessing (got num_workers={num_workers})"
+        )
+
+
 def check_workers(num_workers: int, executor: Any, persistent_workers: bool) -> None:
     check_instance("executor", executor, Executor, "a concurrent.futures.Executor")
     if executor is not None and num_workers:

@@ -190,6 +190,9 @@ class AsyncLoader(Generic[T_co]):
         self._last: Epoch | None = None
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
+        # Between epochs the dataset's own state is saved: a map-style one's, or an iterable's
+        # whose __iter__ returned another object (one that is its own iterator is reset by it).
+        self._dataset_keeps_state = self._options.kind.is_map
         self._skip_log: deque[tuple[Any, str]] = deque(maxlen=SKIP_LOG_LENGTH)
 
     # DataLoader's attributes, read-only.
@@ -252,6 +255,8 @@ class AsyncLoader(Generic[T_co]):
         resume, self._resume = self._resume, None
         start = start_epoch(self._options, self._epoch + 1, resume)
         self._epoch = start.number
+        if start.source_iter is not None:
+            self._dataset_keeps_state = start.source_iter is not self._options.dataset
         lease = self._workers.lease(start.seed)
         self._last = Epoch(self._options, start, lease, self._skip_log)
         self._epochs.add(self._last)
@@ -277,12 +282,17 @@ class AsyncLoader(Generic[T_co]):
             rng = epoch.start_info.rng
             position = {"epoch": self._epoch, "rng": encode_rng(rng), **epoch.progress.checkpoint()}
         else:
+            kind, rng = capture_rng(options.generator)
+            # The next epoch has not drawn yet: torch's global state is the one it will draw
+            # from, set for good on resume (mid-epoch it is replayed for the start only).
             position = {
                 "epoch": self._epoch + 1,
-                "rng": encode_rng(capture_rng(options.generator)),
+                "rng": encode_rng(("next_global" if kind == "global" else kind, rng)),
                 "next_batch": 0,
                 "delivered_beyond": [],
-                "source_state": source_state(options.dataset),
+                "source_state": (
+                    source_state(options.dataset) if self._dataset_keeps_state else None
+                ),
             }
         return {"version": STATE_VERSION, **fingerprint(options), **position}
 

@@ -143,16 +143,72 @@ def test_the_datasets_own_state_is_saved_between_epochs():
     assert [b.tolist() for b in resumed] == [[100, 101, 102, 103], [104, 105, 106, 107]]
 
 
-def test_without_a_generator_a_state_before_the_epoch_replays_its_shuffle():
-    """state_dict() before iterating saves torch's global RNG state the shuffle will use;
-    loading it replays that shuffle, and the trainer's global RNG is left as it was."""
+def test_without_a_generator_epochs_after_a_state_between_epochs_go_on_as_uninterrupted():
+    """state_dict() between epochs saves torch's global RNG state the next shuffle draws
+    from; loading it sets that state for good (nothing drew from it yet), so the epochs after
+    the resume shuffle as the uninterrupted run's do."""
+    make = lambda: AsyncLoader(SyncSource(40), batch_size=4, shuffle=True)  # noqa: E731
     torch.manual_seed(5)
-    loader = AsyncLoader(SyncSource(40), batch_size=4, shuffle=True)
+    loader = make()
+    list(loader)
     state = json.loads(json.dumps(loader.state_dict()))
-    expected = [flat(b) for b in loader]
-    torch.manual_seed(6)
-    trainer = torch.get_rng_state()
-    resumed = AsyncLoader(SyncSource(40), batch_size=4, shuffle=True)
+    expected = [[flat(b) for b in loader] for _ in range(2)]
+    torch.manual_seed(6)  # the resuming process's RNG differs
+    resumed = make()
     resumed.load_state_dict(state)
-    assert [flat(b) for b in resumed] == expected
-    assert torch.equal(torch.get_rng_state(), trainer)
+    assert [[flat(b) for b in resumed] for _ in range(2)] == expected
+
+
+class SelfIterating(IterableDataset):
+    """Its own iterator: __iter__ resets the position, so its state must be restored after
+    iter(), never before."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n = n
+
+    def __iter__(self) -> SelfIterating:
+        self.pos = 0
+        return self
+
+    def __next__(self) -> int:
+        if self.pos >= self.n:
+            raise StopIteration
+        self.pos += 1
+        return self.pos - 1
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+
+def test_a_dataset_that_is_its_own_iterator_is_restored_after_iter():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_resume(lambda: AsyncLoader(SelfIterating(), batch_size=4), [0, 3, 9], key=flat)
+
+
+class LiveState(IterableDataset):
+    """Its state_dict returns the live dict it goes on changing, as users' datasets do."""
+
+    def __init__(self) -> None:
+        self.state = {"seen": 0}
+
+    def __iter__(self):
+        start = self.state["seen"]
+        for value in range(start, 40):
+            self.state["seen"] = value + 1
+            yield value
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = dict(state)
+
+
+def test_a_state_dict_of_live_objects_is_copied_when_taken():
+    """The source is pulled ahead of the consumer: the state kept for a batch must not
+    change as later batches are pulled."""
+    check_resume(lambda: AsyncLoader(LiveState(), batch_size=4), [1, 4], key=flat)
