@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Seque
 from concurrent.futures import Executor
 from typing import Any
 
+from asyncloader._claims import Claim
 from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._state import Resume, source_state
@@ -40,6 +41,7 @@ async def map_batches(
 async def stream_batches(
     options: Options,
     iterator: Any,
+    claim: tuple[Claim, object] | None,
     resume: Resume,
     first_seq: int,
     progress: Progress,
@@ -49,6 +51,8 @@ async def stream_batches(
 
     Args:
         iterator: What the source's ``__iter__`` (``__aiter__``) returned.
+        claim: ``(claim, token)`` when ``iterator`` is the dataset itself: each pull first
+            checks that no newer epoch took the object over (:mod:`asyncloader._claims`).
         first_seq: The seq of the next batch the source will give (``resume.start`` when the
             source restored its own state, else 0 and earlier batches are pulled and dropped).
         progress: Told the source's own state before each batch, when the source keeps one.
@@ -58,11 +62,13 @@ async def stream_batches(
     dataset, stateful = options.dataset, progress.tracks_source
     source_ait = None
     if thread is not None:
-        pull = _sync_puller(dataset, iterator, size, stateful, thread)
+        pull = _sync_puller(dataset, iterator, claim, size, stateful, thread)
     else:
         source_ait = iterator
 
         async def pull() -> tuple[list[Any], Any]:
+            if claim is not None:
+                claim[0].check(claim[1])
             items = await _take_async(source_ait, size)
             return items, source_state(dataset, source_ait) if stateful else None
 
@@ -86,9 +92,15 @@ async def stream_batches(
 
 
 def _sync_puller(
-    dataset: Any, iterator: Iterator[Any], size: int, stateful: bool, thread: Executor
+    dataset: Any,
+    iterator: Iterator[Any],
+    claim: tuple[Claim, object] | None,
+    size: int,
+    stateful: bool,
+    thread: Executor,
 ) -> Callable[[], Awaitable[tuple[list[Any], Any]]]:
-    """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``."""
+    """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``
+    (under the dataset's claim when it is its own iterator)."""
     loop = asyncio.get_running_loop()
     # islice(x) calls iter(x), which restarts a dataset that is its own iterator: pull through
     # its __next__ instead (a callable iterator ends at the first StopIteration).
@@ -97,6 +109,15 @@ def _sync_puller(
     def take() -> tuple[list[Any], Any]:
         items = list(itertools.islice(stream, size))
         return items, source_state(dataset, iterator) if stateful else None
+
+    if claim is not None:
+        owner, token = claim
+        unclaimed = take
+
+        def take() -> tuple[list[Any], Any]:
+            with owner.lock:
+                owner.check(token)
+                return unclaimed()
 
     return lambda: loop.run_in_executor(thread, take)
 

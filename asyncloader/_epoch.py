@@ -305,7 +305,13 @@ class Epoch:
             thread = loader_threads(1, "asyncloader-source")
             _shut_down_with(stack, thread)
         return stream_batches(
-            options, start.source_iter, start.resume, start.first_seq, self.progress, thread
+            options,
+            start.source_iter,
+            start.claim,
+            start.resume,
+            start.first_seq,
+            self.progress,
+            thread,
         )
 
     async def _process(

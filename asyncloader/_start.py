@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from asyncloader._claims import Claim, claim_for
 from asyncloader._options import Options
 from asyncloader._seeding import draw_seed
 from asyncloader._state import Resume, decode_rng, resume_point, source_state, warn_replayed
@@ -34,6 +35,8 @@ class EpochStart:
         resume: Where a resumed epoch starts (``Resume()`` for a fresh one).
         source_iter: The iterator (or async iterator) of an iterable source, made by its
             ``__iter__`` (``__aiter__``) here, on the consumer's thread, as DataLoader does.
+        claim: ``(claim, token)`` when ``source_iter`` is the dataset itself: pulls check
+            that this epoch still owns it (see :mod:`asyncloader._claims`).
         first_seq: The seq of the first batch an iterable source will give: ``resume.start``
             when the source restored its own state, else 0 (earlier batches are then pulled
             and dropped).
@@ -48,6 +51,7 @@ class EpochStart:
     index_iter: Iterator[Any] | None
     resume: Resume
     source_iter: Any = None
+    claim: tuple[Claim, object] | None = None
     first_seq: int = 0
     source_state: tuple[int, Any] | None = None
 
@@ -65,7 +69,7 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
         seed = draw_seed(generator)  # before the sampler draws, as DataLoader does
         index_iter = start_sampler(options) if options.kind.is_map else None
     resume = resume_point(state) if state else Resume()
-    source_iter, first_seq, kept = _start_source(options, resume)
+    source_iter, claim, first_seq, kept = _start_source(options, resume)
     return EpochStart(
         number=state["epoch"] if state else number,
         seed=seed,
@@ -73,6 +77,7 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
         index_iter=index_iter,
         resume=resume,
         source_iter=source_iter,
+        claim=claim,
         first_seq=first_seq,
         source_state=kept,
     )
@@ -101,29 +106,39 @@ def _rng_replayed(
         torch.set_rng_state(saved)
 
 
-def _start_source(options: Options, resume: Resume) -> tuple[Any, int, tuple[int, Any] | None]:
+def _start_source(
+    options: Options, resume: Resume
+) -> tuple[Any, tuple[Claim, object] | None, int, tuple[int, Any] | None]:
     """Restores the source's own state, in torchdata's order (the dataset's, then ``iter()``,
     then its iterator's), and starts an iterable source's iterator.
 
     Returns:
-        ``(iterator, first_seq, (first_seq, state) or None)``: the state is the iterable
-        source's before the first batch it will give, when it keeps one.
+        ``(iterator, claim, first_seq, (first_seq, state) or None)``: the state is the
+        iterable source's before the first batch it will give, when it keeps one.
     """
     dataset, saved = options.dataset, resume.source_state or {}
-    if saved.get("dataset") is not None:
-        dataset.load_state_dict(saved["dataset"])
     if options.kind.is_map:
-        return None, 0, None
-    iterator = aiter(dataset) if options.kind is SourceKind.ASYNC_ITERABLE else iter(dataset)
-    if saved.get("iterator") is not None:
-        iterator.load_state_dict(saved["iterator"])
+        if saved.get("dataset") is not None:
+            dataset.load_state_dict(saved["dataset"])
+        return None, None, 0, None
+    claim, token = claim_for(dataset), object()
+    with claim.lock:  # a pull of an older epoch of this object finishes first
+        if saved.get("dataset") is not None:
+            dataset.load_state_dict(saved["dataset"])
+        is_async = options.kind is SourceKind.ASYNC_ITERABLE
+        iterator = aiter(dataset) if is_async else iter(dataset)
+        if saved.get("iterator") is not None:
+            iterator.load_state_dict(saved["iterator"])
+        if iterator is dataset:
+            claim.owner = token
+    owned = (claim, token) if iterator is dataset else None
     state = source_state(dataset, iterator)
     if state is None:
         if resume.start or resume.skip:
             warn_replayed(dataset, resume.start)
-        return iterator, 0, None
+        return iterator, owned, 0, None
     first_seq = resume.start if resume.source_state is not None else 0
-    return iterator, first_seq, (first_seq, state)
+    return iterator, owned, first_seq, (first_seq, state)
 
 
 def capture_rng(generator: torch.Generator | None) -> tuple[str, torch.Tensor]:

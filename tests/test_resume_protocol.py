@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import warnings
 
+import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from asyncloader import AsyncLoader
+from asyncloader import AsyncLoader, AsyncLoaderError
 from tests.helpers import SyncSource
 from tests.helpers.contracts import check_resume, flat
 
@@ -212,3 +213,18 @@ def test_a_state_dict_of_live_objects_is_copied_when_taken():
     """The source is pulled ahead of the consumer: the state kept for a batch must not
     change as later batches are pulled."""
     check_resume(lambda: AsyncLoader(LiveState(), batch_size=4), [1, 4], key=flat)
+
+
+def test_a_newer_epoch_takes_over_a_dataset_that_is_its_own_iterator():
+    """Two loaders on one object that is its own iterator: the newer epoch restarts it and
+    gets every sample once; the older one, pulled ahead, stops with an error instead of
+    losing samples silently."""
+    dataset = SelfIterating(40)
+    older = iter(AsyncLoader(dataset, batch_size=2))
+    first = next(older)
+    newer = [v for b in AsyncLoader(dataset, batch_size=2) for v in b.tolist()]
+    assert newer == list(range(40))
+    with pytest.raises(AsyncLoaderError, match="another epoch started iterating the same object"):
+        for _ in older:
+            pass
+    assert first.tolist() == [0, 1]
