@@ -102,9 +102,7 @@ def _sync_puller(
     """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``
     (under the dataset's claim when it is its own iterator)."""
     loop = asyncio.get_running_loop()
-    # islice(x) calls iter(x), which restarts a dataset that is its own iterator: pull through
-    # its __next__ instead (a callable iterator ends at the first StopIteration).
-    stream = iter(iterator.__next__, object())
+    stream = _through_next(iterator)
 
     def take() -> tuple[list[Any], Any]:
         items = list(itertools.islice(stream, size))
@@ -120,6 +118,17 @@ def _sync_puller(
                 return unclaimed()
 
     return lambda: loop.run_in_executor(thread, take)
+
+
+def _through_next(iterator: Iterator[Any]) -> Iterator[Any]:
+    """``iterator``'s items, pulled with its ``__next__``: ``islice(x)`` calls ``iter(x)``,
+    which restarts a dataset that is its own iterator."""
+    pull = iterator.__next__
+    while True:
+        try:
+            yield pull()
+        except StopIteration:
+            return
 
 
 async def _take_async(ait: Any, size: int) -> list[Any]:

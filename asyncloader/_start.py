@@ -64,11 +64,15 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
         state: A checked ``state_dict()`` to continue from, or ``None``.
     """
     generator = options.generator
+    resume = resume_point(state) if state else Resume()
+    saved = resume.source_state or {}
+    if saved.get("dataset") is not None:
+        # Before anything draws (torchdata's order): a dataset's state may hold RNG states.
+        options.dataset.load_state_dict(saved["dataset"])
     with _rng_replayed(generator, decode_rng(state["rng"]) if state else None):
         rng = capture_rng(generator)
         seed = draw_seed(generator)  # before the sampler draws, as DataLoader does
         index_iter = start_sampler(options) if options.kind.is_map else None
-    resume = resume_point(state) if state else Resume()
     source_iter, claim, first_seq, kept = _start_source(options, resume)
     return EpochStart(
         number=state["epoch"] if state else number,
@@ -109,8 +113,8 @@ def _rng_replayed(
 def _start_source(
     options: Options, resume: Resume
 ) -> tuple[Any, tuple[Claim, object] | None, int, tuple[int, Any] | None]:
-    """Restores the source's own state, in torchdata's order (the dataset's, then ``iter()``,
-    then its iterator's), and starts an iterable source's iterator.
+    """Starts an iterable source's iterator and restores its state (the dataset's own state is
+    restored before: torchdata's order is the dataset's, ``iter()``, the iterator's).
 
     Returns:
         ``(iterator, claim, first_seq, (first_seq, state) or None)``: the state is the
@@ -118,13 +122,9 @@ def _start_source(
     """
     dataset, saved = options.dataset, resume.source_state or {}
     if options.kind.is_map:
-        if saved.get("dataset") is not None:
-            dataset.load_state_dict(saved["dataset"])
         return None, None, 0, None
     claim, token = claim_for(dataset), object()
     with claim.lock:  # a pull of an older epoch of this object finishes first
-        if saved.get("dataset") is not None:
-            dataset.load_state_dict(saved["dataset"])
         is_async = options.kind is SourceKind.ASYNC_ITERABLE
         iterator = aiter(dataset) if is_async else iter(dataset)
         if saved.get("iterator") is not None:

@@ -228,3 +228,33 @@ def test_a_newer_epoch_takes_over_a_dataset_that_is_its_own_iterator():
         for _ in older:
             pass
     assert first.tolist() == [0, 1]
+
+
+class HoldsGlobalRng(Dataset):
+    """A dataset whose own state is torch's global RNG state (as torchdata's tests write)."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def state_dict(self) -> dict:
+        return {"rng": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+
+
+def test_the_datasets_state_is_restored_before_the_epoch_draws():
+    """Restoring the dataset's state after the shuffle drew would rewind the RNG under it:
+    the epoch after would repeat the resumed one's order."""
+    make = lambda: AsyncLoader(HoldsGlobalRng(), batch_size=1, shuffle=True)  # noqa: E731
+    torch.manual_seed(0)
+    first = make()
+    list(first)
+    state = json.loads(json.dumps(first.state_dict()))
+    expected = [[int(b) for b in first] for _ in range(2)]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [[int(b) for b in resumed] for _ in range(2)] == expected
