@@ -64,7 +64,8 @@ class AsyncIterator:
             self._done = True
             self._closing = asyncio.ensure_future(self._epoch.aclose())
             raise LoaderTimeoutError(
-                f"no batch within timeout={self._timeout}s while waiting for {waited}"
+                f"{self._epoch.loader_name} timed out after {self._timeout:g} seconds: no "
+                f"batch while waiting for {waited}"
             ) from None
         except StopAsyncIteration:
             self._epoch.progress.finish()

@@ -167,6 +167,11 @@ class Epoch:
         if self._out is not self._buffer:
             self._device_room.release()
 
+    @property
+    def loader_name(self) -> str:
+        """The user's loader class, for messages."""
+        return self._options.loader_name
+
     def describe_wait(self) -> str:
         """What the consumer is waiting for, for timeout messages."""
         seq = self._buffer.next_seq

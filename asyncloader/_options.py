@@ -65,6 +65,9 @@ class Options:
     seed_per_sample: bool = False
     on_error: str = "raise"
     max_skipped: int | None = None
+    #: The class the user instantiated (``AsyncLoader``, or their subclass), named in messages
+    #: worded as DataLoader words them.
+    loader_name: str = "AsyncLoader"
     #: Derived: the kind of source, and the function that turns samples into a batch.
     kind: SourceKind = field(init=False)
     collate: Callable[[Any], Any] = field(init=False)
@@ -89,9 +92,8 @@ class Options:
         if kind.is_map:
             self._sample_map()
         else:
-            check.check_no_indices("shuffle", self.shuffle)
-            check.check_no_indices("sampler", self.sampler)
-            check.check_no_indices("batch_sampler", self.batch_sampler)
+            for name in ("shuffle", "sampler", "batch_sampler"):
+                check.check_no_indices(self.loader_name, name, getattr(self, name))
             check.check_auto_batching(self.batch_size, self.drop_last)
         collate = self.collate_fn or (default_collate if self.batched else default_convert)
         _set(self, kind=kind, collate=collate, timeout=float(self.timeout))

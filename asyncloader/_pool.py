@@ -67,6 +67,7 @@ class ProcessPool:
         ctx = ctx or options.mp_context or default_mp_context()
         check_start(ctx)
         self.num_workers = options.num_workers
+        self._loader_name = options.loader_name
         self._counter = ctx.Value("i", 0)
         self._running = Running.allocate(ctx, options.num_workers)
         self.executor = ProcessPoolExecutor(
@@ -144,10 +145,10 @@ class ProcessPool:
             code = proc.exitcode
             if code is None or code == 0 or code == -signal.SIGTERM:
                 continue  # alive, or terminated by the pool after the crash
-            how = (
-                f"killed by signal {signal.Signals(-code).name}"
+            how = (  # DataLoader's wording, then the signal's name
+                f"is killed by signal: {signal.strsignal(-code)} ({signal.Signals(-code).name})"
                 if code < 0
-                else f"exit code {code}"
+                else f"exited unexpectedly with exit code {code}"
             )
             seq = running.get(pid, -1)
             held = (
@@ -158,7 +159,7 @@ class ProcessPool:
             hint = ""
             if code == -signal.SIGBUS:
                 hint = " (SIGBUS in a worker usually means /dev/shm is full: make it larger)"
-            dead.append(f"worker pid {pid} {how} while running {held}{hint}")
+            dead.append(f"{self._loader_name} worker (pid {pid}) {how} while running {held}{hint}")
         return "; ".join(dead) or "a worker process died (it was already reaped)"
 
     def shutdown(self, grace: float = SHUTDOWN_GRACE_S) -> None:

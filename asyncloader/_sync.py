@@ -208,7 +208,8 @@ class SyncIterator:
             self._finalizer.detach()
             self._pump.cancel()
             raise LoaderTimeoutError(
-                f"no batch within timeout={self._timeout}s while waiting for {waited}"
+                f"{self._epoch.loader_name} timed out after {self._timeout:g} seconds: no "
+                f"batch while waiting for {waited}"
             ) from None
         if kind == _ITEM:
             seq, item = payload

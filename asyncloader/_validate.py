@@ -157,12 +157,12 @@ def resolve_device(device: Any, pin_memory: bool) -> torch.device | None:
     return device
 
 
-def check_no_indices(name: str, value: Any) -> None:
+def check_no_indices(loader: str, name: str, value: Any) -> None:
     """An iterable dataset has no indices to sample: ``name`` must be left unset."""
     if value:
         raise ValueError(
-            f"an iterable dataset has no indices: expected unspecified {name} option, "
-            f"but got {name}={value!r}"
+            f"{loader} with IterableDataset: expected unspecified {name} option, but got "
+            f"{name}={value!r} (an iterable dataset has no indices to sample)"
         )
 
 

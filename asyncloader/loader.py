@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import weakref
 from collections import deque
@@ -180,6 +181,7 @@ class AsyncLoader(Generic[T_co]):
             device=device, timeout=timeout, worker_init_fn=worker_init_fn,
             persistent_workers=persistent_workers, mp_context=mp_context, generator=generator,
             seed_per_sample=seed_per_sample, on_error=on_error, max_skipped=max_skipped,
+            loader_name=type(self).__name__,
         )  # fmt: skip
         warn_many_workers(num_workers)
         self._workers = Workers(self._options)
@@ -276,7 +278,7 @@ class AsyncLoader(Generic[T_co]):
         ``iter()``, it is the state loaded.
         """
         if self._resume is not None:
-            return dict(self._resume)
+            return copy.deepcopy(self._resume)
         options, epoch = self._options, self._last
         if epoch is not None and not epoch.progress.finished:
             rng = epoch.start_info.rng
@@ -308,7 +310,7 @@ class AsyncLoader(Generic[T_co]):
             ValueError: It comes from another version, batch size or world size.
         """
         check_state(state, self._options)
-        self._resume = state
+        self._resume = copy.deepcopy(state)  # the source may keep (and change) what it loads
 
     def __aiter__(self) -> AsyncIterator:
         return AsyncIterator(self._new_epoch(), self._options.timeout, owner=self)

@@ -135,7 +135,8 @@ def test_timeout_names_the_batch_it_waited_for(mode):
     loader = AsyncLoader(Hang(12, stuck=5), batch_size=4, timeout=0.5)
     seen = []
     with pytest.raises(
-        LoaderTimeoutError, match=r"timeout=0.5s .* batch 1 with indices \[4, 5, 6, 7\]"
+        LoaderTimeoutError,
+        match=r"AsyncLoader timed out after 0.5 seconds: .* batch 1 with indices \[4, 5, 6, 7\]",
     ):
         consume(loader, mode, seen)
     assert indices_of(seen) == [0, 1, 2, 3]

@@ -206,13 +206,29 @@ class LiveState(IterableDataset):
         return self.state
 
     def load_state_dict(self, state: dict) -> None:
-        self.state = dict(state)
+        self.state = state  # kept, and changed by the next pulls
 
 
 def test_a_state_dict_of_live_objects_is_copied_when_taken():
     """The source is pulled ahead of the consumer: the state kept for a batch must not
     change as later batches are pulled."""
     check_resume(lambda: AsyncLoader(LiveState(), batch_size=4), [1, 4], key=flat)
+
+
+def test_a_loaded_state_is_not_changed_by_the_source_that_keeps_it():
+    """A source may keep the dict it loads and change it as it goes: the same checkpoint
+    loaded twice must resume at the same place both times."""
+    first = AsyncLoader(LiveState(), batch_size=4)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    it.close()
+    runs = []
+    for _ in range(2):
+        resumed = AsyncLoader(LiveState(), batch_size=4)
+        resumed.load_state_dict(state)
+        runs.append([v for b in resumed for v in b.tolist()])
+    assert runs[0] == runs[1] == list(range(4, 40))
 
 
 def test_a_newer_epoch_takes_over_a_dataset_that_is_its_own_iterator():
