@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test lint bench bench-quick clean
+.PHONY: demo test compat-baseline lint bench bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo: $(VENV)/.dev-installed
 test: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
 	$(PY) -m pytest -q
+
+# PyTorch's and torchdata's own DataLoader tests (tests/compat) against DataLoader and
+# StatefulDataLoader themselves: which of them pass here at all (README, Compatibility).
+compat-baseline: $(VENV)/.dev-installed
+	ASYNCLOADER_COMPAT_TARGET=upstream $(PY) -m pytest -q tests/compat
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
