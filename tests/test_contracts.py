@@ -1,5 +1,6 @@
 """The loader's contracts, each checked by one checker of tests/helpers/contracts.py, over every
-kind of source and placement: order, exactly-once, bounded window, clean shutdown, resume.
+kind of source and placement: order, exactly-once, bounded window, clean shutdown, resume,
+random draws in the workers repeating with the same seed.
 
 KINDS is the table of sources; each kind names in ``cannot`` what it cannot do and why, and
 the tests check what it does instead (a stream without state_dict() keeps the resume contract
@@ -23,13 +24,22 @@ from torch.utils.data import DataLoader
 
 from asyncloader import AsyncLoader
 from asyncloader.sources import FileSource, HTTPSource, ObjectStoreSource, Retry, ShardedSource
-from tests.helpers import AsyncIterSource, AsyncSource, IterSource, SyncSource, jitter, shard_set
+from tests.helpers import (
+    AsyncIterSource,
+    AsyncSource,
+    Draws,
+    IterSource,
+    SyncSource,
+    jitter,
+    shard_set,
+)
 from tests.helpers.contracts import (
     STOPS,
     check_bounded_window,
     check_clean_shutdown,
     check_exactly_once,
     check_order,
+    check_repeatable,
     check_resume,
     epoch,
 )
@@ -264,6 +274,19 @@ def test_resume_with_workers(kind, sources, in_order):
     resume(kind, sources, WORKER_RESUME_POINTS, num_workers=2, in_order=in_order)
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
+def test_draws_in_workers_repeat(kind, sources):
+    """A transform drawing from the global RNGs in the workers: the same draws for the same
+    generator seed, run after run and for 1 or 2 workers."""
+
+    def make(num_workers: int, seed: int) -> AsyncLoader:
+        transform = Draws(kind.loader_kw.get("transform"))
+        opts = dict(transform=transform, collate_fn=list, num_workers=num_workers)
+        return loader(kind, sources, **opts, generator=torch.Generator().manual_seed(seed))
+
+    check_repeatable(make, lambda batch: [(kind.sample_id(s), d) for s, d in batch])
+
+
 # The checkers can fail: each is fed a run that breaks its contract.
 
 
@@ -322,6 +345,17 @@ class Forgetful(AsyncLoader):
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+def test_repeatable_checker_rejects_draws_that_change():
+    """Draws made in this process (num_workers ignored, no per-batch seeds) change from run to
+    run: the checker says so."""
+    make = lambda num_workers, seed: AsyncLoader(  # noqa: E731
+        SyncSource(N), batch_size=BATCH, transform=Draws(), collate_fn=list,
+        generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    with pytest.raises(AssertionError, match="drew differently"):
+        check_repeatable(make, lambda batch: [(int(s[0]), d) for s, d in batch])
 
 
 def test_resume_checker_rejects_a_loader_that_restarts():

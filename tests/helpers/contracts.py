@@ -148,6 +148,16 @@ def check_clean_shutdown(loader: Any, stop: str) -> None:
     assert not worker_processes() - procs, f"worker processes left after {stop}"
 
 
+def check_repeatable(make_loader: Callable[..., Any], key: Callable[[Any], Any]) -> None:
+    """Random draws in the workers repeat with the same seed: two runs with 2 workers and one
+    with 1 give equal batches, draws included (``make_loader(num_workers=n, seed=s)``), and
+    another seed gives other draws."""
+    runs = [epoch(make_loader(num_workers=n, seed=1), key) for n in (2, 2, 1)]
+    assert runs[0] == runs[1], "two runs with the same seed drew differently"
+    assert runs[0] == runs[2], "1 and 2 workers drew differently with the same seed"
+    assert epoch(make_loader(num_workers=2, seed=2), key) != runs[0], "another seed, same draws"
+
+
 def check_resume(
     make_loader: Callable[..., Any],
     points: Iterable[int] | None = None,

@@ -101,6 +101,18 @@ def jitter(x: Any) -> Any:
     return x
 
 
+class Draws:
+    """A transform that runs ``inner`` (when given) and pairs the sample with a draw from each
+    global RNG (torch, random, numpy), as a random augmentation does."""
+
+    def __init__(self, inner: Any = None) -> None:
+        self.inner = inner
+
+    def __call__(self, x: Any) -> tuple[Any, tuple[float, float, float]]:
+        x = self.inner(x) if self.inner is not None else x
+        return x, (torch.rand(()).item(), random.random(), float(np.random.rand()))
+
+
 def worker_processes() -> set[int]:
     """Live descendants of this process, except multiprocessing's per-interpreter singletons
     and servers the tests start.
