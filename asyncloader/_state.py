@@ -69,7 +69,7 @@ def warn_replayed(dataset: Any, batches: int) -> None:
         "state_dict()/load_state_dict(): resuming replays it from the start, pulling and "
         f"dropping {batches} batches",
         UserWarning,
-        stacklevel=4,
+        stacklevel=6,  # the iter(loader) that started the epoch
     )
 
 
