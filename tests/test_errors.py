@@ -184,7 +184,7 @@ def test_timeout_is_raised_after_about_timeout_seconds(mode, num_workers):
         RELEASE_STUCK.set()
         loader.close()
     assert isinstance(error, LoaderTimeoutError) and isinstance(error, RuntimeError)
-    assert re.search(r"timeout=0.5s .* batch 1", str(error))
+    assert re.search(r"timed out after 0.5 seconds: .* batch 1", str(error))
     assert waited < 3.0, f"raised after {waited:.1f}s"
 
 
