@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,22 @@ with contextlib.suppress(ImportError):  # at import, not at the first epoch: it 
     from uvloop import new_event_loop as _new_loop
 
 T = TypeVar("T")
+
+
+_gc_state = threading.local()
+
+
+def _track_collection(phase: str, info: dict[str, Any]) -> None:
+    _gc_state.active = phase == "start"
+
+
+gc.callbacks.append(_track_collection)
+
+
+def collecting() -> bool:
+    """A garbage collection is running on this thread (finalizers run inside it): blocking
+    now may wait for a thread that waits for a lock this thread holds."""
+    return getattr(_gc_state, "active", False)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -22,7 +22,7 @@ from asyncloader._start import capture_rng, start_epoch
 from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerprint, source_state
 from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
-from asyncloader._threads import keep_torch_threads, run_in_thread
+from asyncloader._threads import collecting, keep_torch_threads, run_in_thread
 from asyncloader._validate import check_int, dataloader_spellings, warn_many_workers
 from asyncloader._workers import Workers
 
@@ -44,10 +44,11 @@ class MapStyle(Protocol[T_co]):
 def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> None:
     """Stops what a loader keeps across epochs: its loop thread (the ``for`` epochs still on it
     are cancelled and closed), then its persistent workers. Also the loader's finalizer, which
-    garbage collection may run on any thread, also one the loop thread waits for: the loop
-    thread is joined only from the main thread (which it never waits for) or from close()."""
-    explicit_or_main = not warn or threading.current_thread() is threading.main_thread()
-    loop_thread.stop(wait=explicit_or_main)
+    garbage collection may run on any thread, also one the loop thread waits for, or while a
+    lock the loop thread needs is held: the loop thread is joined only from close() or, for
+    a loader that simply went out of scope, from the main thread outside a collection."""
+    main = threading.current_thread() is threading.main_thread()
+    loop_thread.stop(wait=not warn or (main and not collecting()))
     workers.close(warn)
 
 

@@ -1,6 +1,7 @@
 """Shutdown: break, close, an exception or GC leaves no worker process and no loader thread."""
 
 import gc
+import time
 import warnings
 
 import pytest
@@ -14,6 +15,7 @@ from tests.helpers import (
     loader_threads,
     worker_processes,
 )
+from tests.helpers.sources import RELEASE_STUCK, STUCK_REACHED, StuckSource
 
 
 @pytest.fixture
@@ -137,3 +139,28 @@ def test_an_iterator_keeps_its_loader_and_persistent_workers_alive(clean):
     assert sorted(i for b in it for i in b[:, 0].tolist()) == list(range(40))
     del it
     gc.collect()  # now the loader's finalizer stops the workers
+
+
+@pytest.mark.timeout(60)
+def test_a_collected_iterator_does_not_wait_for_its_epoch_inside_the_collection():
+    """A collection runs finalizers at any allocation, also one made under a lock the loop
+    thread needs (ThreadPoolExecutor.submit allocates under a lock all thread pools share):
+    the finalizer of an iterator only the collector can free must not wait there for its
+    epoch, whose closing here waits for a fetch that is stuck until released."""
+    RELEASE_STUCK.clear()
+    STUCK_REACHED.clear()
+    loader = AsyncLoader(StuckSource(40, stuck=6, hold_s=20), batch_size=2)
+    it = iter(loader)
+    next(it)
+    assert STUCK_REACHED.wait(10), "the fetch of sample 6 started"
+    cycle: list = [it]
+    cycle.append(cycle)  # only the collector can free the iterator now
+    del it, cycle
+    try:
+        start = time.monotonic()
+        gc.collect()
+        inside = time.monotonic() - start
+    finally:
+        RELEASE_STUCK.set()
+    loader.close()  # waits for the epoch, now that the fetch is released
+    assert inside < 5, f"the collection waited {inside:.1f}s for the epoch to close"

@@ -191,6 +191,8 @@ def failing_collate(samples: list) -> Any:
 
 #: Releases every StuckSource sample still blocked in this process.
 RELEASE_STUCK = threading.Event()
+#: Set when a StuckSource sample starts blocking in this process.
+STUCK_REACHED = threading.Event()
 
 
 class StuckSource(SyncSource):
@@ -203,6 +205,7 @@ class StuckSource(SyncSource):
 
     def __getitem__(self, index: int) -> np.ndarray:
         if index == self.stuck:
+            STUCK_REACHED.set()
             RELEASE_STUCK.wait(self.hold_s)
         return sample(index)
 
