@@ -112,3 +112,13 @@ def caller_frames(skip: int = 1) -> Iterator[FrameType]:
     while frame is not None:
         yield frame
         frame = frame.f_back
+
+
+def thread_pools_locked() -> bool:
+    """The lock every ``ThreadPoolExecutor.submit`` takes (``_global_shutdown_lock``, not
+    documented) is held now, by some thread: a thread that waits for another thread's submit
+    must not wait while it may be the holder."""
+    from concurrent.futures import thread
+
+    lock = getattr(thread, "_global_shutdown_lock", None)
+    return lock is not None and lock.locked()

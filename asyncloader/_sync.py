@@ -29,7 +29,7 @@ from typing import Any
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
 from asyncloader._skip import EMPTY
-from asyncloader._threads import collecting, new_event_loop
+from asyncloader._threads import new_event_loop, unsafe_to_wait
 from asyncloader.errors import LoaderTimeoutError
 
 _ITEM, _END, _ERROR = 0, 1, 2
@@ -151,11 +151,10 @@ def _stop(pump: Job, wait: bool = True) -> None:
 def _finalize(pump: Job) -> None:
     """The iterator's finalizer. It waits for the epoch to close only where that is safe: on
     the main thread (where an unreferenced iterator usually dies, and which the loop never
-    waits for), and not inside a garbage collection, which runs finalizers at any allocation,
-    also one made while holding a lock the loop thread needs (``ThreadPoolExecutor.submit``
-    allocates a Future under a lock all thread pools share). Elsewhere the epoch closes in
-    the background."""
-    safe = threading.current_thread() is threading.main_thread() and not collecting()
+    waits for), and not in a garbage collection begun under a lock the loop thread needs
+    (:func:`~asyncloader._threads.unsafe_to_wait`). Elsewhere the epoch closes in the
+    background."""
+    safe = threading.current_thread() is threading.main_thread() and not unsafe_to_wait()
     _stop(pump, wait=safe)
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from asyncloader._compat import thread_pools_locked
+
 _new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
 with contextlib.suppress(ImportError):  # at import, not at the first epoch: it takes ~6 ms
     from uvloop import new_event_loop as _new_loop
@@ -31,10 +33,12 @@ def _track_collection(phase: str, info: dict[str, Any]) -> None:
 gc.callbacks.append(_track_collection)
 
 
-def collecting() -> bool:
-    """A garbage collection is running on this thread (finalizers run inside it): blocking
-    now may wait for a thread that waits for a lock this thread holds."""
-    return getattr(_gc_state, "active", False)
+def unsafe_to_wait() -> bool:
+    """A finalizer runs inside a garbage collection that may have started at an allocation
+    under the lock every thread pool's submit takes (``ThreadPoolExecutor.submit`` allocates
+    its Future there): waiting now for a thread that submits would deadlock. An explicit
+    ``gc.collect()`` (the lock free) may wait."""
+    return getattr(_gc_state, "active", False) and thread_pools_locked()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -22,7 +22,7 @@ from asyncloader._start import capture_rng, start_epoch
 from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerprint, source_state
 from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
-from asyncloader._threads import collecting, keep_torch_threads, run_in_thread
+from asyncloader._threads import keep_torch_threads, run_in_thread, unsafe_to_wait
 from asyncloader._validate import check_int, dataloader_spellings, warn_many_workers
 from asyncloader._workers import Workers
 
@@ -46,9 +46,10 @@ def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> N
     are cancelled and closed), then its persistent workers. Also the loader's finalizer, which
     garbage collection may run on any thread, also one the loop thread waits for, or while a
     lock the loop thread needs is held: the loop thread is joined only from close() or, for
-    a loader that simply went out of scope, from the main thread outside a collection."""
+    a loader that simply went out of scope, from the main thread where that is safe
+    (:func:`~asyncloader._threads.unsafe_to_wait`)."""
     main = threading.current_thread() is threading.main_thread()
-    loop_thread.stop(wait=not warn or (main and not collecting()))
+    loop_thread.stop(wait=not warn or (main and not unsafe_to_wait()))
     workers.close(warn)
 
 

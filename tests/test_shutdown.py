@@ -142,11 +142,13 @@ def test_an_iterator_keeps_its_loader_and_persistent_workers_alive(clean):
 
 
 @pytest.mark.timeout(60)
-def test_a_collected_iterator_does_not_wait_for_its_epoch_inside_the_collection():
-    """A collection runs finalizers at any allocation, also one made under a lock the loop
-    thread needs (ThreadPoolExecutor.submit allocates under a lock all thread pools share):
-    the finalizer of an iterator only the collector can free must not wait there for its
-    epoch, whose closing here waits for a fetch that is stuck until released."""
+def test_a_collected_iterator_does_not_wait_for_its_epoch_under_the_thread_pools_lock():
+    """A collection runs finalizers at any allocation, also one made under the lock every
+    ThreadPoolExecutor.submit takes (it allocates its Future there), which the loop thread
+    needs: the finalizer of an iterator only the collector can free must not wait there for
+    its epoch (whose closing here also waits for a fetch stuck until released)."""
+    from concurrent.futures import thread  # its private lock: the state the deadlock needs
+
     RELEASE_STUCK.clear()
     STUCK_REACHED.clear()
     loader = AsyncLoader(StuckSource(40, stuck=6, hold_s=20), batch_size=2)
@@ -158,7 +160,8 @@ def test_a_collected_iterator_does_not_wait_for_its_epoch_inside_the_collection(
     del it, cycle
     try:
         start = time.monotonic()
-        gc.collect()
+        with thread._global_shutdown_lock:
+            gc.collect()
         inside = time.monotonic() - start
     finally:
         RELEASE_STUCK.set()
