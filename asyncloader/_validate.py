@@ -173,8 +173,9 @@ def check_auto_batching(batch_size: int | None, drop_last: bool) -> None:
         )
 
 
-def check_on_error(on_error: Any, max_skipped: Any) -> None:
-    """``on_error`` is ``"raise"`` or ``"skip"``; ``"skip"`` needs a budget, ``"raise"`` none."""
+def check_on_error(on_error: Any, max_skipped: Any, budget: str = "per epoch") -> None:
+    """``on_error`` is ``"raise"`` or ``"skip"``; ``"skip"`` needs a budget, ``"raise"`` none.
+    ``budget`` says what ``max_skipped`` counts over, in the message."""
     if not isinstance(on_error, str):
         raise TypeError(f"on_error must be 'raise' or 'skip', got {type(on_error).__qualname__}")
     if on_error not in ("raise", "skip"):
@@ -182,8 +183,8 @@ def check_on_error(on_error: Any, max_skipped: Any) -> None:
     if on_error == "skip":
         if max_skipped is None:
             raise ValueError(
-                "on_error='skip' needs max_skipped=N, the most samples to skip per epoch "
-                "before a bad sample fails its batch"
+                f"on_error='skip' needs max_skipped=N, the most samples to skip {budget} "
+                "before a bad sample fails"
             )
         check_int("max_skipped", max_skipped, 1)
     elif max_skipped is not None:

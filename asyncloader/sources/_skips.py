@@ -20,6 +20,8 @@ from typing import Any
 
 from torch.utils.data import default_collate
 
+from asyncloader._validate import check_on_error
+
 log = logging.getLogger("asyncloader.sources")
 _LOG_LENGTH = 16
 
@@ -49,17 +51,7 @@ class Skips:
     """
 
     def __init__(self, on_error: str, max_skipped: int | None) -> None:
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'")
-        if on_error == "skip":
-            if max_skipped is None:
-                raise ValueError(
-                    "on_error='skip' needs max_skipped=N, the most samples to skip before raising"
-                )
-            if isinstance(max_skipped, bool) or not isinstance(max_skipped, int):
-                raise TypeError(f"max_skipped must be an int, got {type(max_skipped).__qualname__}")
-            if max_skipped < 1:
-                raise ValueError(f"{max_skipped=} must be >= 1")
+        check_on_error(on_error, max_skipped, budget="in the source's lifetime")
         self.on_error = on_error
         self.max_skipped = max_skipped
         self.count = 0
