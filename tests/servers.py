@@ -313,9 +313,6 @@ class SeaweedS3:
         """Polls the external process until its S3 endpoint answers and the bucket exists."""
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited with {self.proc.returncode}")
             try:
                 urllib.request.urlopen(f"{self.endpoint}/{BUCKET}", timeout=2)
             except urllib.error.HTTPError as exc:
@@ -323,11 +320,18 @@ class SeaweedS3:
                     return
             except OSError:
                 pass
-            # Its readiness has no event to wait on, but its exit has: wait on that, so a
-            # server that dies is seen at once, and ask again when the wait times out.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=POLL_DELAY_S)
+            self.wait_on_exit(POLL_DELAY_S)
         raise RuntimeError("weed mini did not become ready")
+
+    def wait_on_exit(self, timeout: float) -> None:
+        """Between two questions to the server: its readiness has no event to wait on, but its
+        exit has. Waits on that for up to ``timeout`` seconds, so that a server that dies is
+        seen at once (RuntimeError), and returns for the next question."""
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout)
+        if self.proc.returncode is not None:
+            raise RuntimeError(f"weed mini exited with {self.proc.returncode}")
 
     def __exit__(self, *exc_info: object) -> None:
         """Stops the server (its graceful shutdown can take 30 s: 3 s, then SIGKILL) and
@@ -361,7 +365,7 @@ def put_objects(server: SeaweedS3, objects: Mapping[str, bytes]) -> list[str]:
                     except FileNotFoundError:
                         if attempt == 49:
                             raise
-                        await asyncio.sleep(POLL_DELAY_S)  # the external gateway's
+                        server.wait_on_exit(POLL_DELAY_S)  # nothing else runs on this loop
         finally:
             await fs._s3.close()
 

@@ -26,6 +26,7 @@ import pytest
 
 from asyncloader import AsyncLoader
 from tests.helpers import SyncSource, indices_of
+from tests.helpers.processes import Exits
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="pidfds, /proc and /dev/shm are Linux's"
@@ -128,39 +129,6 @@ def script(name: str, *args: object, tmp_path: Path) -> Iterator[Script]:
         proc.stdout.close()
         if running is not None:
             running.close()
-
-
-class Exits:
-    """Pidfds of processes, opened while they run: each becomes readable once its process has
-    exited, whoever its parent is.
-
-    ``psutil.wait_procs`` would do for children; orphans are reparented to PID 1, which
-    reaps them when it gets to it (here, up to a second later), and until then psutil sees
-    a zombie as alive.
-    """
-
-    def __init__(self, procs: Iterable[psutil.Process]) -> None:
-        self._fds: dict[int, int] = {}
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                self._fds[proc.pid] = os.pidfd_open(proc.pid)
-
-    def wait(self, timeout: float) -> set[int]:
-        """Waits until all have exited or ``timeout`` seconds have passed; returns the pids
-        still running."""
-        deadline = time.monotonic() + timeout
-        waiting = dict(self._fds)
-        while waiting:
-            left = deadline - time.monotonic()
-            ready = select.select(list(waiting.values()), [], [], max(0.0, left))[0]
-            if not ready:
-                break
-            waiting = {pid: fd for pid, fd in waiting.items() if fd not in ready}
-        return set(waiting)
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
 
 
 def describe(pids: Iterable[int]) -> str:

@@ -44,10 +44,21 @@ def test_out_of_order_really_happens_with_in_order_false(mode):
     """in_order=False releases batches as they complete, which differs from sampler order."""
 
     class Slow0(AsyncSource):
+        """Batch 0's samples arrive only after sample 63, of batch 15, has been fetched."""
+
+        def __init__(self, n):
+            super().__init__(n)
+            self.last_fetched = None
+
         async def __getitem__(self, index):
-            if index < 4:  # batch 0 is much slower than the rest
-                await asyncio.sleep(0.2)  # latency
-            return await super().__getitem__(index)
+            if self.last_fetched is None:  # made on the loop the fetches run on
+                self.last_fetched = asyncio.Event()
+            if index < 4:
+                await self.last_fetched.wait()
+            sample = await super().__getitem__(index)
+            if index == 63:
+                self.last_fetched.set()
+            return sample
 
     loader = AsyncLoader(Slow0(64), batch_size=4, in_order=False)
     got = indices_of(collect(loader, mode))

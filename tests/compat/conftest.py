@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from tests.compat import _upstream
 from tests.compat.expected import EXPECTED_FAILURES, FAILS_WITH_DATALOADER, PARTLY_FAILING
 from tests.compat.shim import TARGET
+from tests.helpers.processes import Exits
 
 HERE = Path(__file__).parent
 PREFIX = "tests/compat/upstream/"
@@ -110,18 +110,20 @@ def pytest_runtest_call(item):  # type: ignore[no-untyped-def]
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
-    if _key(item) is None:
+    if _key(item) is None or not hasattr(os, "pidfd_open"):  # exits are seen via pidfds
         return (yield)
     import psutil
 
     before = {p.pid for p in _children()}
     result = yield
     gc.collect()
-    deadline = time.monotonic() + 5.0
-    left = [p for p in _children() if p.pid not in before]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    new = [p for p in _children() if p.pid not in before]
+    exits = Exits(new)
+    try:
+        running = exits.wait(timeout=5.0)  # on the exits themselves, not a poll
+    finally:
+        exits.close()
+    left = [p for p in new if p.pid in running]
     if left:
         described = []
         for p in left:
