@@ -16,7 +16,6 @@ from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
 from asyncloader._skip import EMPTY
 from asyncloader._stats import LoaderStats
-from asyncloader.errors import LoaderTimeoutError
 
 
 class AsyncIterator:
@@ -60,13 +59,10 @@ class AsyncIterator:
                 await self.aclose()
                 raise
             # Raise now; the epoch closes in the background (aclose() waits for it).
-            waited = self._epoch.describe_wait()
+            error = self._epoch.timed_out()
             self._done = True
             self._closing = asyncio.ensure_future(self._epoch.aclose())
-            raise LoaderTimeoutError(
-                f"{self._epoch.loader_name} timed out after {self._timeout:g} seconds: no "
-                f"batch while waiting for {waited}"
-            ) from None
+            raise error from None
         except StopAsyncIteration:
             self._epoch.progress.finish()
             await self.aclose()

@@ -52,7 +52,7 @@ from asyncloader._stats import LoaderStats
 from asyncloader._threads import loader_threads, run_in_thread
 from asyncloader._transform import Transformer, inline_plan
 from asyncloader._workers import WorkerLease
-from asyncloader.errors import AsyncLoaderError
+from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 from asyncloader.sources import SourceKind
 
 
@@ -88,7 +88,7 @@ class Epoch:
     """One pass over the source, consumed by exactly one iterator.
 
     Runs on one event loop (the ``asyncloader-loop`` thread's, or the caller's for
-    ``async for``). Of its members, :attr:`progress`, :attr:`start_info`, :meth:`describe_wait`
+    ``async for``). Of its members, :attr:`progress`, :attr:`start_info`, :meth:`timed_out`
     and :attr:`stats` may be used from the consumer's thread too: ``progress`` has its own lock,
     ``start_info`` never changes, and the other two only read counters and dict entries.
 
@@ -167,20 +167,21 @@ class Epoch:
         if self._out is not self._buffer:
             self._device_room.release()
 
-    @property
-    def loader_name(self) -> str:
-        """The user's loader class, for messages."""
-        return self._options.loader_name
-
-    def describe_wait(self) -> str:
-        """What the consumer is waiting for, for timeout messages."""
+    def timed_out(self) -> LoaderTimeoutError:
+        """The error for a consumer that waited ``timeout`` seconds, naming what it waited for
+        (worded as DataLoader's, with the user's loader class)."""
         seq = self._buffer.next_seq
         if seq is None:
-            return "the next batch to complete (in_order=False)"
-        indices = self._inflight.get(seq)
-        if indices is None:
-            return f"batch {seq}, not yet taken from the sampler"
-        return f"batch {seq} with indices {list(indices)[:16]}"
+            waited = "the next batch to complete (in_order=False)"
+        elif (indices := self._inflight.get(seq)) is None:
+            waited = f"batch {seq}, not yet taken from the sampler"
+        else:
+            waited = f"batch {seq} with indices {list(indices)[:16]}"
+        options = self._options
+        return LoaderTimeoutError(
+            f"{options.loader_name} timed out after {options.timeout:g} seconds: no batch "
+            f"while waiting for {waited}"
+        )
 
     @property
     def stats(self) -> LoaderStats:

@@ -30,7 +30,6 @@ from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
 from asyncloader._skip import EMPTY
 from asyncloader._threads import new_event_loop, unsafe_to_wait
-from asyncloader.errors import LoaderTimeoutError
 
 _ITEM, _END, _ERROR = 0, 1, 2
 
@@ -205,14 +204,11 @@ class SyncIterator:
             kind, payload = self._queue.get(timeout=self._timeout)
         except queue.Empty:
             # Raise now; the epoch closes in the background (close() waits for it).
-            waited = self._epoch.describe_wait()
+            error = self._epoch.timed_out()
             self._done = True
             self._finalizer.detach()
             self._pump.cancel()
-            raise LoaderTimeoutError(
-                f"{self._epoch.loader_name} timed out after {self._timeout:g} seconds: no "
-                f"batch while waiting for {waited}"
-            ) from None
+            raise error from None
         if kind == _ITEM:
             seq, item = payload
             self._epoch.progress.delivered(seq)
