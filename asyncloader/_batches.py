@@ -102,7 +102,9 @@ def _sync_puller(
     """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``
     (under the dataset's claim when it is its own iterator)."""
     loop = asyncio.get_running_loop()
-    stream = _through_next(iterator)
+    # islice(x) calls iter(x): harmless for an iterator, a restart for a dataset that is its
+    # own iterator, pulled through __next__ instead (a generator step per item, ~70 ns).
+    stream = _through_next(iterator) if iterator is dataset else iterator
 
     def take() -> tuple[list[Any], Any]:
         items = list(itertools.islice(stream, size))
@@ -121,8 +123,7 @@ def _sync_puller(
 
 
 def _through_next(iterator: Iterator[Any]) -> Iterator[Any]:
-    """``iterator``'s items, pulled with its ``__next__``: ``islice(x)`` calls ``iter(x)``,
-    which restarts a dataset that is its own iterator."""
+    """``iterator``'s items, pulled with its ``__next__`` (never ``iter()``)."""
     pull = iterator.__next__
     while True:
         try:
