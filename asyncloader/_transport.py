@@ -83,7 +83,7 @@ def nbytes(batch: Any) -> int:
     def count(x: Any) -> Any:
         nonlocal total
         if isinstance(x, torch.Tensor):
-            total += x.nbytes if _plain(x) else x.numel() * x.element_size()
+            total += x.numel() * x.element_size()  # nbytes, which sparse tensors lack
             return x
         if isinstance(x, np.ndarray):
             total += x.nbytes

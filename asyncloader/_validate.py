@@ -44,14 +44,13 @@ def check_timeout(timeout: Any) -> None:
 
 
 def check_num_workers(num_workers: Any) -> None:
-    """DataLoader's check and message, after the type check."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        raise TypeError(f"num_workers must be an int, got {type(num_workers).__qualname__}")
-    if num_workers < 0:
+    """An int >= 0; a negative one gets DataLoader's message."""
+    if isinstance(num_workers, int) and num_workers < 0:
         raise ValueError(
             "num_workers option should be non-negative; use num_workers=0 to disable "
             f"multiprocessing (got num_workers={num_workers})"
         )
+    check_int("num_workers", num_workers, 0)
 
 
 def check_workers(num_workers: int, executor: Any, persistent_workers: bool) -> None:
@@ -101,12 +100,12 @@ def available_cores() -> int | None:
     return os.cpu_count()
 
 
-def warn_many_workers(num_workers: Any) -> None:
+def warn_many_workers(loader: str, num_workers: Any) -> None:
     """DataLoader's warning when more workers than cores are asked for."""
     cores = available_cores()
     if isinstance(num_workers, int) and num_workers > 0 and (cores is None or num_workers > cores):
         warnings.warn(
-            f"This AsyncLoader will create {num_workers} worker processes in total, and this "
+            f"This {loader} will create {num_workers} worker processes in total, and this "
             f"process may use {cores or 'an unknown number of'} cores. Please be aware that "
             "excessive worker creation might get DataLoader running slow or even freeze (the "
             "same holds for AsyncLoader): lower num_workers if necessary.",

@@ -185,7 +185,7 @@ class AsyncLoader(Generic[T_co]):
             seed_per_sample=seed_per_sample, on_error=on_error, max_skipped=max_skipped,
             loader_name=type(self).__name__,
         )  # fmt: skip
-        warn_many_workers(num_workers)
+        warn_many_workers(type(self).__name__, num_workers)
         self._workers = Workers(self._options)
         self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
         self._finalizer = weakref.finalize(self, _release, self._workers, self._loop_thread, True)
