@@ -18,7 +18,19 @@ from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._state import Resume, source_state
 
-Batch = tuple[int, Sequence[Any], list[Any] | None]
+
+class Made:
+    """A batch a worker made from its own iteration of an iterable source (still as it left
+    the worker): nothing is left to do but receive it."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+
+#: ``(seq, indices, samples)``: samples ``None`` when they are yet to be fetched.
+Batch = tuple[int, Sequence[Any], "list[Any] | Made | None"]
 
 
 async def map_batches(
@@ -69,7 +81,7 @@ async def stream_batches(
         async def pull() -> tuple[list[Any], Any]:
             if claim is not None:
                 claim[0].check(claim[1])
-            items = await _take_async(source_ait, size)
+            items = await take_async(source_ait, size)
             return items, source_state(dataset, source_ait) if stateful else None
 
     try:
@@ -104,7 +116,7 @@ def _sync_puller(
     loop = asyncio.get_running_loop()
     # islice(x) calls iter(x): harmless for an iterator, a restart for a dataset that is its
     # own iterator, pulled through __next__ instead (a generator step per item, ~70 ns).
-    stream = _through_next(iterator) if iterator is dataset else iterator
+    stream = through_next(iterator) if iterator is dataset else iterator
 
     def take() -> tuple[list[Any], Any]:
         items = list(itertools.islice(stream, size))
@@ -122,7 +134,7 @@ def _sync_puller(
     return lambda: loop.run_in_executor(thread, take)
 
 
-def _through_next(iterator: Iterator[Any]) -> Iterator[Any]:
+def through_next(iterator: Iterator[Any]) -> Iterator[Any]:
     """``iterator``'s items, pulled with its ``__next__`` (never ``iter()``)."""
     pull = iterator.__next__
     while True:
@@ -132,7 +144,7 @@ def _through_next(iterator: Iterator[Any]) -> Iterator[Any]:
             return
 
 
-async def _take_async(ait: Any, size: int) -> list[Any]:
+async def take_async(ait: Any, size: int) -> list[Any]:
     samples = []
     for _ in range(size):
         try:

@@ -36,11 +36,11 @@ from typing import Any
 
 import torch
 
-from asyncloader._batches import Batch, map_batches, stream_batches
+from asyncloader._batches import Batch, Made, map_batches, stream_batches
 from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine
 from asyncloader._failure import Failure, unwrap_group
-from asyncloader._fetch import Fetcher
+from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
@@ -49,6 +49,7 @@ from asyncloader._seeding import Seeds, call_seeded
 from asyncloader._skip import SKIP_LOG_LENGTH, SkipLedger, Trimmed
 from asyncloader._start import EpochStart
 from asyncloader._stats import LoaderStats
+from asyncloader._streams import worker_stream_batches
 from asyncloader._threads import loader_threads, run_in_thread
 from asyncloader._transform import Transformer, inline_plan
 from asyncloader._workers import WorkerLease
@@ -226,7 +227,9 @@ class Epoch:
         get = self._open_fetch(stack)
         device = self._open_device(stack)
         transformer = await self._open_transform(stack)
-        batches = await stack.enter_async_context(contextlib.aclosing(self._batches(stack)))
+        batches = await stack.enter_async_context(
+            contextlib.aclosing(self._batches(stack, transformer.engine))
+        )
         async with asyncio.TaskGroup() as tg:
             if get is not None:
                 skip = self.skips is not None
@@ -263,9 +266,11 @@ class Epoch:
     ) -> Callable[[Any], Awaitable[Any]] | None:
         """How the loop fetches one sample, or ``None`` where the engine fetches them."""
         options = self._options
+        if options.workers_fetch:
+            return None
         if options.kind is SourceKind.ASYNC_MAP:
             return options.dataset.__getitem__
-        if options.kind is not SourceKind.MAP or options.fetch_in_workers:
+        if options.kind is not SourceKind.MAP:
             return None
         threads = loader_threads(options.fetch_concurrency, "asyncloader-fetch")
         _shut_down_with(stack, threads)
@@ -299,10 +304,14 @@ class Epoch:
             engine = ExecutorEngine(loader_threads(1, "asyncloader-transform"), plan, owned=True)
             stack.push_async_callback(run_in_thread, engine.shutdown, "asyncloader-reaper")
             inline = inline_plan(plan, seeds)
-        return Transformer(engine, options.transform_window, seeds, self._inflight, inline)
+        return Transformer(engine, options.engine_window, seeds, self._inflight, inline)
 
-    def _batches(self, stack: contextlib.AsyncExitStack) -> AsyncGenerator[Batch, None]:
+    def _batches(
+        self, stack: contextlib.AsyncExitStack, engine: Engine
+    ) -> AsyncGenerator[Batch, None]:
         options, start = self._options, self.start_info
+        if options.worker_streams:
+            return worker_stream_batches(engine, options, start, self.progress)
         if options.kind.is_map:
             assert start.index_iter is not None
             return map_batches(options, start.index_iter, start.resume)
@@ -325,25 +334,14 @@ class Epoch:
         transformer: Transformer,
         seq: int,
         indices: Sequence[Any],
-        samples: list[Any] | None,
+        samples: list[Any] | Made | None,
     ) -> None:
-        """Takes one batch through fetch and transform and into the reorder buffer."""
-        result: Any = samples
-        fetched: Trimmed | None = None  # the samples fetch left out (on_error="skip")
-        if samples is None and self._fetcher is not None:
-            result = await self._fetcher.fetch(seq, indices)
-            if type(result) is Trimmed:
-                fetched, indices, result = result, result.indices, result.batch
-        if fetched is not None and fetched.empty:
-            result = fetched
-        elif not isinstance(result, Failure):
-            result = await transformer.run(seq, indices, result)
-            if fetched is not None:
-                fetched.batch = result
-                if type(result) is Trimmed:
-                    fetched.skips += result.skips
-                    fetched.batch, fetched.empty = result.batch, result.empty
-                result = fetched
+        """Takes one batch through fetch and transform (or receives it made by a worker's
+        stream) and into the reorder buffer."""
+        if isinstance(samples, Made):
+            result = transformer.received(samples.result)
+        else:
+            result = await fetch_then_run(self._fetcher, transformer.run, seq, indices, samples)
         self._buffer.put(seq, result)
 
     async def _device_pump(self, device: DeviceStage) -> None:

@@ -197,3 +197,36 @@ class Fetcher:
                 batch.complete()
         else:
             batch.done.set_result(Failure.capture(exc, "fetch", batch.seq, batch.indices, index))
+
+
+async def fetch_then_run(
+    fetcher: Fetcher | None,
+    run: Callable[[int, Sequence[Any], list[Any] | None], Awaitable[Any]],
+    seq: int,
+    indices: Sequence[Any],
+    samples: list[Any] | None,
+) -> Any:
+    """Batch ``seq`` through both halves: its samples from ``fetcher`` (unless given, or the
+    engine fetches them), then ``run(seq, indices, samples)`` (transform and collate).
+
+    Returns the batch, its Failure, or under ``on_error="skip"`` a Trimmed that gathers the
+    samples both halves left out. A batch whose samples were all left out is not run.
+    """
+    result: Any = samples
+    fetched: Trimmed | None = None  # the samples fetch left out (on_error="skip")
+    if samples is None and fetcher is not None:
+        result = await fetcher.fetch(seq, indices)
+        if type(result) is Trimmed:
+            fetched, indices, result = result, result.indices, result.batch
+    if fetched is not None and fetched.empty:
+        return fetched
+    if isinstance(result, Failure):
+        return result
+    result = await run(seq, indices, result)
+    if fetched is None:
+        return result
+    fetched.batch = result
+    if type(result) is Trimmed:
+        fetched.skips += result.skips
+        fetched.batch, fetched.empty = result.batch, result.empty
+    return fetched

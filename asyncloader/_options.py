@@ -51,6 +51,7 @@ class Options:
     num_workers: int = 0
     executor: Executor | None = None
     io_concurrency: int = 64
+    fetch_in_workers: bool = False
     fetch_threads: int = 1
     prefetch: int = 2
     in_order: bool = True
@@ -84,6 +85,7 @@ class Options:
         for name in ("collate_fn", "transform", "worker_init_fn"):
             check.check_callable(name, getattr(self, name))
         check.check_workers(self.num_workers, self.executor, self.persistent_workers)
+        check.check_fetch_in_workers(self.fetch_in_workers, self.num_workers)
         check.check_instance("generator", self.generator, torch.Generator, "a torch.Generator")
         _set(self, device=check.resolve_device(self.device, bool(self.pin_memory)))
         _set(self, mp_context=check.resolve_mp_context(self.mp_context, self.num_workers))
@@ -129,27 +131,36 @@ class Options:
         return self.batch_size is not None or self.batch_sampler is not None
 
     @property
-    def fetch_in_workers(self) -> bool:
-        """A sync map-style source is read inside asyncloader's own worker processes."""
-        return self.kind is SourceKind.MAP and self.num_workers > 0
+    def workers_fetch(self) -> bool:
+        """The dataset goes to the workers: with ``fetch_in_workers``, or a sync map-style
+        source with workers (its ``__getitem__`` runs there, as under DataLoader)."""
+        return self.fetch_in_workers or (self.kind is SourceKind.MAP and self.num_workers > 0)
+
+    @property
+    def worker_streams(self) -> bool:
+        """Each worker iterates its own copy of an iterable source (``fetch_in_workers``)."""
+        return self.fetch_in_workers and not self.kind.is_map
 
     @property
     def fetch_concurrency(self) -> int:
-        """Samples at most being fetched at once in this process: a sync ``__getitem__``
-        without workers runs in ``fetch_threads`` threads (one call at a time by default)."""
+        """Samples at most being fetched at once (across the workers with
+        ``fetch_in_workers``): a sync ``__getitem__`` runs in ``fetch_threads`` threads (one
+        call at a time by default) of this process, or of each worker."""
         if self.kind is SourceKind.MAP:
-            return min(self.io_concurrency, self.fetch_threads)
+            threads = self.fetch_threads * (self.num_workers if self.fetch_in_workers else 1)
+            return min(self.io_concurrency, threads)
         return self.io_concurrency
 
     @property
     def transform_window(self) -> int:
-        """Batches at most in the executor at once: ``prefetch`` per worker."""
+        """Batches at most in the executor at once for transform: ``prefetch`` per worker."""
         return self.prefetch * max(1, self.num_workers)
 
     @property
     def fetch_window(self) -> int:
-        """Batches at most being fetched on the loop: enough to keep io_concurrency busy."""
-        if self.fetch_in_workers:
+        """Batches at most being fetched (on the loop, or in the workers with
+        ``fetch_in_workers``): enough to keep io_concurrency busy."""
+        if self.worker_streams or (self.workers_fetch and not self.fetch_in_workers):
             return 0
         if not self.kind.is_map:
             return 1
@@ -157,6 +168,12 @@ class Options:
         if self.batch_sampler is not None and self.batch_size is None:
             per_batch = getattr(self.batch_sampler, "batch_size", None) or 1
         return math.ceil(self.fetch_concurrency / per_batch)
+
+    @property
+    def engine_window(self) -> int:
+        """Batches at most in the engine: the transform window, and with
+        ``fetch_in_workers`` the fetch window too (the workers fetch them)."""
+        return self.transform_window + (self.fetch_window if self.fetch_in_workers else 0)
 
     @property
     def device_stage(self) -> bool:

@@ -48,7 +48,7 @@ class BatchPlan:
     def of(cls, options: Options) -> BatchPlan:
         """What the executor does to each batch of a loader with ``options``."""
         return cls(
-            dataset=options.dataset if options.fetch_in_workers else None,
+            dataset=options.dataset if options.workers_fetch else None,
             transform=options.transform,
             collate=options.collate,
             batched=options.batched,

@@ -48,6 +48,18 @@ def _shut_down_live() -> None:
         pool.shutdown(EXIT_GRACE_S)
 
 
+def death_note(loader_name: str, pid: int | None, code: int | None, held: str) -> str:
+    """How a worker died, worded as DataLoader's, with the signal's name and what it held."""
+    if code is not None and code < 0:
+        how = f"is killed by signal: {signal.strsignal(-code)} ({signal.Signals(-code).name})"
+    else:
+        how = f"exited unexpectedly with exit code {code}"
+    hint = ""
+    if code == -signal.SIGBUS:
+        hint = " (SIGBUS in a worker usually means /dev/shm is full: make it larger)"
+    return f"{loader_name} worker (pid {pid}) {how} while running {held}{hint}"
+
+
 class ProcessPool:
     """``num_workers`` processes, each holding the batch plan, started eagerly.
 
@@ -145,21 +157,13 @@ class ProcessPool:
             code = proc.exitcode
             if code is None or code == 0 or code == -signal.SIGTERM:
                 continue  # alive, or terminated by the pool after the crash
-            how = (  # DataLoader's wording, then the signal's name
-                f"is killed by signal: {signal.strsignal(-code)} ({signal.Signals(-code).name})"
-                if code < 0
-                else f"exited unexpectedly with exit code {code}"
-            )
             seq = running.get(pid, -1)
             held = (
                 f"batch {seq} (indices {list(inflight.get(seq, ()))[:16]})"
                 if seq >= 0
                 else "no batch"
             )
-            hint = ""
-            if code == -signal.SIGBUS:
-                hint = " (SIGBUS in a worker usually means /dev/shm is full: make it larger)"
-            dead.append(f"{self._loader_name} worker (pid {pid}) {how} while running {held}{hint}")
+            dead.append(death_note(self._loader_name, pid, code, held))
         return "; ".join(dead) or "a worker process died (it was already reaped)"
 
     def shutdown(self, grace: float = SHUTDOWN_GRACE_S) -> None:

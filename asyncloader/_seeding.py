@@ -97,6 +97,14 @@ def call_seeded(epoch_seed: int | None, key: Any, fn: Callable[[Any], Any], arg:
         return fn(arg)
 
 
+def seed_stream(seed: int) -> None:
+    """Seeds a worker's global RNGs as its own iteration of an iterable source begins (once
+    per epoch, DataLoader's ``base_seed + worker_id``), unless its ``worker_init_fn`` took
+    seeding over."""
+    if not _user_seeded:
+        seed_all(seed)
+
+
 class Seeds(NamedTuple):
     """How the user's code in an epoch's batches is seeded.
 

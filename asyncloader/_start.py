@@ -19,7 +19,14 @@ import torch
 from asyncloader._claims import Claim, claim_for
 from asyncloader._options import Options
 from asyncloader._seeding import draw_seed
-from asyncloader._state import Resume, decode_rng, resume_point, source_state, warn_replayed
+from asyncloader._state import (
+    Resume,
+    decode_rng,
+    fresh_state,
+    resume_point,
+    source_state,
+    warn_replayed,
+)
 from asyncloader.sources import SourceKind
 
 
@@ -123,6 +130,9 @@ def _start_source(
     dataset, saved = options.dataset, resume.source_state or {}
     if options.kind.is_map:
         return None, None, 0, None
+    if options.worker_streams:  # iterated in the workers (see asyncloader._streams)
+        merge = resume.source_state or fresh_state(options.num_workers)
+        return None, None, resume.start, (resume.start, merge)
     claim, token = claim_for(dataset), object()
     with claim.lock:  # a pull of an older epoch of this object finishes first
         is_async = options.kind is SourceKind.ASYNC_ITERABLE

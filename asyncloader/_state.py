@@ -62,6 +62,16 @@ def source_state(dataset: Any, iterator: Any = None) -> dict[str, Any] | None:
     return copy.deepcopy(state)
 
 
+def fresh_state(num_workers: int) -> dict[str, Any]:
+    """The state of an iterable source run in ``num_workers`` workers before its first batch
+    (see :mod:`asyncloader._streams`): per worker, the batches delivered, whether its
+    iteration ended and the source's own state after them; and whose turn is next."""
+    return {
+        "per_worker": [{"delivered": 0, "ended": False, "state": None} for _ in range(num_workers)],
+        "next": 0,
+    }
+
+
 def warn_replayed(dataset: Any, batches: int) -> None:
     """A stateless iterable source resumed mid-epoch is replayed from its start."""
     warnings.warn(
@@ -116,6 +126,7 @@ def check_state(state: Any, options: Options) -> None:
             f"state version={state.get('version')!r} is not {STATE_VERSION}: it was not saved "
             "by this asyncloader"
         )
+    _check_placement(state, options)
     for name, now in fingerprint(options).items():
         saved = state.get(name)
         if saved != now:
@@ -123,6 +134,30 @@ def check_state(state: Any, options: Options) -> None:
                 f"state was saved with {name}={saved}, this loader has {name}={now}: the "
                 "batches would not line up; resume with the same value"
             )
+
+
+def _check_placement(state: dict, options: Options) -> None:
+    """An iterable source's position means something else in the workers' iterations
+    (``fetch_in_workers``) than in a single one: resume where it was saved."""
+    saved = state.get("source_state")
+    per_worker = saved.get("per_worker") if isinstance(saved, dict) else None
+    in_workers = per_worker is not None
+    mid_epoch = bool(state.get("next_batch")) or bool(state.get("delivered_beyond"))
+    if options.kind.is_map or not mid_epoch:
+        return
+    if in_workers != options.worker_streams:
+        raise ValueError(
+            f"state was saved with fetch_in_workers={in_workers}, this loader has "
+            f"fetch_in_workers={options.worker_streams}: an iterable source's position does not "
+            "carry over between the two placements; resume with the same value"
+        )
+    saved_workers = len(per_worker) if per_worker is not None else options.num_workers
+    if saved_workers != options.num_workers:
+        raise ValueError(
+            f"state was saved with num_workers={saved_workers} iterating the source, "
+            f"this loader has num_workers={options.num_workers}: each worker's own iteration "
+            "continues, so resume with the same num_workers"
+        )
 
 
 def resume_point(state: dict) -> Resume:

@@ -82,7 +82,7 @@ class Transformer:
             otherwise wait on.
     """
 
-    __slots__ = ("_engine", "_inflight", "_inline", "_room", "_seeds")
+    __slots__ = ("_inflight", "_inline", "_room", "_seeds", "engine")
 
     def __init__(
         self,
@@ -92,7 +92,7 @@ class Transformer:
         inflight: Mapping[int, Sequence[Any]],
         inline: BatchPlan | None = None,
     ) -> None:
-        self._engine = engine
+        self.engine = engine
         self._room = asyncio.Semaphore(window)
         self._seeds = seeds
         self._inflight = inflight
@@ -109,18 +109,23 @@ class Transformer:
             return run_batch(inline, seq, indices, samples, None)
         async with self._room:
             try:  # submit() itself raises once the pool is broken
-                future = self._engine.submit(seq, indices, samples, self._seeds)
-                result = await asyncio.wrap_future(future)
-                if type(result) is Trimmed:  # on_error="skip" left samples out
-                    result.batch = from_shared(result.batch)
-                    return result
-                return from_shared(result)
+                future = self.engine.submit(seq, indices, samples, self._seeds)
+                return self.received(await asyncio.wrap_future(future))
             except BrokenProcessPool as exc:
-                engine, inflight = self._engine, self._inflight
-                details = await run_in_thread(
-                    lambda: engine.describe_crash(inflight), "asyncloader-crash"
-                )
-                raise WorkerCrashedError(
-                    f"{details or exc}. The pool is discarded: iterate the loader again for a "
-                    "fresh one."
-                ) from exc
+                raise await self.crashed(exc) from exc
+
+    @staticmethod
+    def received(result: Any) -> Any:
+        """A batch as the engine returned it, unpacked in this process."""
+        if type(result) is Trimmed:  # on_error="skip" left samples out
+            result.batch = from_shared(result.batch)
+            return result
+        return from_shared(result)
+
+    async def crashed(self, exc: BaseException) -> WorkerCrashedError:
+        """The error for a worker that died: which, how, and the batches it held."""
+        engine, inflight = self.engine, self._inflight
+        details = await run_in_thread(lambda: engine.describe_crash(inflight), "asyncloader-crash")
+        return WorkerCrashedError(
+            f"{details or exc}. The pool is discarded: iterate the loader again for a fresh one."
+        )

@@ -64,6 +64,14 @@ def check_workers(num_workers: int, executor: Any, persistent_workers: bool) -> 
         raise ValueError("persistent_workers option needs num_workers > 0")
 
 
+def check_fetch_in_workers(fetch_in_workers: Any, num_workers: int) -> None:
+    check_instance("fetch_in_workers", fetch_in_workers, bool, "a bool")
+    if fetch_in_workers and num_workers == 0:
+        raise ValueError(
+            "fetch_in_workers=True needs num_workers > 0: it moves fetching into the workers"
+        )
+
+
 def dataloader_spellings(
     num_workers: Any,
     prefetch: int | None,

@@ -97,19 +97,33 @@ def init_worker(
     plan: BatchPlan,
     worker_init_fn: Any,
 ) -> None:
-    """Initializer of each pool process: takes an id, seeds, keeps the plan, calls the hook.
-
-    First of all it makes the worker exit once ``owner_pid`` (the training process) has exited
-    (:mod:`asyncloader._orphans`). It also makes malloc keep a batch's freed samples for the
-    next batch (:func:`asyncloader._malloc.keep_freed_memory`).
-    """
-    global _info, _plan, _running, _init_failure
-    watch_parent(owner_pid)
+    """Initializer of each pool process: takes the next id from ``counter``, registers in
+    ``running``, then :func:`setup_worker`."""
+    global _running
     with counter.get_lock():
         worker_id = counter.value
         counter.value += 1
     _running = running
     running.register(worker_id, os.getpid())
+    setup_worker(owner_pid, worker_id, num_workers, base_seed, plan, worker_init_fn)
+
+
+def setup_worker(
+    owner_pid: int,
+    worker_id: int,
+    num_workers: int,
+    base_seed: int,
+    plan: BatchPlan,
+    worker_init_fn: Any,
+) -> None:
+    """Makes this process worker ``worker_id``: seeds, keeps the plan, calls the hook.
+
+    First of all it makes the worker exit once ``owner_pid`` (the training process) has exited
+    (:mod:`asyncloader._orphans`). It also makes malloc keep a batch's freed samples for the
+    next batch (:func:`asyncloader._malloc.keep_freed_memory`).
+    """
+    global _info, _plan, _init_failure
+    watch_parent(owner_pid)
     seed = base_seed + worker_id
     torch.set_num_threads(1)
     keep_freed_memory()

@@ -21,8 +21,12 @@ from typing import Any
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._pool import ProcessPool
+from asyncloader._procs import WorkerGroup
 from asyncloader._start_method import fork_is_safe, prestart
 from asyncloader._threads import run_in_thread
+
+#: The workers of an epoch: transforming (and calling a sync ``__getitem__``), or fetching too.
+Pool = ProcessPool | WorkerGroup
 
 _FORK = (
     multiprocessing.get_context("fork")
@@ -41,14 +45,14 @@ class WorkerLease:
     """
 
     def __init__(
-        self, pool: ProcessPool, owned: bool, started: bool, failure: BaseException | None = None
+        self, pool: Pool, owned: bool, started: bool, failure: BaseException | None = None
     ) -> None:
-        self._pool: ProcessPool | None = pool
+        self._pool: Pool | None = pool
         self._owned = owned
         self._started = started
         self._failure = failure
 
-    async def __aenter__(self) -> ProcessPool:
+    async def __aenter__(self) -> Pool:
         pool = self._pool
         assert pool is not None, "a WorkerLease is entered once"
         if self._failure is not None:
@@ -80,7 +84,7 @@ class Workers:
         self._options = options
         prestart(options.num_workers, options.mp_context)
         self._lock = threading.Lock()
-        self._pool: ProcessPool | None = None  # the persistent pool
+        self._pool: Pool | None = None  # the persistent pool
         self._persistent_seed: int | None = None
 
     def lease(self, epoch_seed: int) -> WorkerLease | None:
@@ -108,16 +112,17 @@ class Workers:
             return WorkerLease(pool, owned, started=True, failure=exc)
         return WorkerLease(pool, owned, started=True)
 
-    def _pool_for(self, base_seed: int, ctx: Any) -> tuple[ProcessPool, bool]:
+    def _pool_for(self, base_seed: int, ctx: Any) -> tuple[Pool, bool]:
         """A new pool owned by the epoch, or the persistent one (replaced when broken)."""
         options = self._options
         plan = BatchPlan.of(options)
+        kind: type[Pool] = WorkerGroup if options.fetch_in_workers else ProcessPool
         if not options.persistent_workers:
-            return ProcessPool(options, plan, base_seed, ctx), True
+            return kind(options, plan, base_seed, ctx), True
         with self._lock:
             stale = self._pool if self._pool is not None and self._pool.broken else None
             if self._pool is None or stale is not None:
-                self._pool = ProcessPool(options, plan, base_seed, ctx)
+                self._pool = kind(options, plan, base_seed, ctx)
             pool = self._pool
         if stale is not None:
             stale.shutdown()  # already dead workers: quick

@@ -62,7 +62,7 @@ class AsyncLoader(Generic[T_co]):
     Args:
         dataset: Map-style (sync or ``async def __getitem__``) or iterable (``__iter__`` or
             ``__aiter__``); torch ``Dataset`` and ``IterableDataset`` objects work unchanged.
-            Iterables are pulled once, in this process: workers never duplicate them.
+            Iterables are pulled once, in this process, unless ``fetch_in_workers``.
         batch_size: Samples per batch; ``None`` yields single samples (as DataLoader).
         shuffle: Reshuffle every epoch (``RandomSampler`` with ``generator``).
         sampler: Any torch ``Sampler`` or iterable of indices (``DistributedSampler``...).
@@ -97,7 +97,18 @@ class AsyncLoader(Generic[T_co]):
         transform: Picklable ``fn(sample) -> sample``, run in the executor before collate.
         executor: Any ``concurrent.futures.Executor`` to use instead of asyncloader's pool
             (exclusive with num_workers; size the window with ``prefetch``).
-        io_concurrency: Samples at most being fetched at once on the event loop.
+        io_concurrency: Samples at most being fetched at once: on the event loop, or in
+            total across the workers with ``fetch_in_workers``.
+        fetch_in_workers: Fetch in the workers too (needs ``num_workers > 0``): each worker
+            runs its own event loop (uvloop when installed), fetches the samples of the
+            batches it is given (an ``async def __getitem__`` and the library's sources with a
+            connection pool per worker; a sync ``__getitem__`` on ``fetch_threads`` threads
+            of each worker), transforms and collates them, so this process only samples,
+            reorders and copies. An iterable source then runs in the workers as under
+            DataLoader: each worker iterates its own copy (``get_worker_info()`` tells it which
+            one; the library's sharded sources split their shards by worker), and batches are
+            taken from the workers round robin. Default ``False``: an async or iterable source
+            is read on this process's event loop, a sync ``__getitem__`` in the workers.
         fetch_threads: With ``num_workers=0``, threads calling a sync ``__getitem__`` at
             once. Default 1: one call at a time, as DataLoader does, for datasets that are not
             thread-safe (an open file, a seeded RNG, a lazily opened database). Raise it (up
@@ -160,6 +171,7 @@ class AsyncLoader(Generic[T_co]):
         transform: Callable[[Any], Any] | None = None,
         executor: Executor | None = None,
         io_concurrency: int = 64,
+        fetch_in_workers: bool = False,
         fetch_threads: int = 1,
         prefetch: int | None = None,
         device: str | torch.device | None = None,
@@ -178,7 +190,8 @@ class AsyncLoader(Generic[T_co]):
             batch_size=batch_size, shuffle=shuffle, sampler=sampler,
             batch_sampler=batch_sampler, drop_last=drop_last, collate_fn=collate_fn,
             transform=transform, num_workers=num_workers, executor=executor,
-            io_concurrency=io_concurrency, fetch_threads=fetch_threads, prefetch=prefetch,
+            io_concurrency=io_concurrency, fetch_in_workers=fetch_in_workers,
+            fetch_threads=fetch_threads, prefetch=prefetch,
             in_order=in_order, pin_memory=pin_memory, pin_memory_device=pin_memory_device,
             device=device, timeout=timeout, worker_init_fn=worker_init_fn,
             persistent_workers=persistent_workers, mp_context=mp_context, generator=generator,

@@ -30,6 +30,7 @@ from tests.helpers import (
     Draws,
     IterSource,
     SyncSource,
+    as_worker,
     jitter,
     shard_set,
 )
@@ -42,6 +43,7 @@ from tests.helpers.contracts import (
     check_repeatable,
     check_resume,
     epoch,
+    round_robin,
 )
 from tests.servers import BUCKET, Faults, FaultyHTTPServer, put_objects
 
@@ -170,14 +172,27 @@ KINDS = [
     Kind("object-store", object_store, body_id, True, BYTES, resume_points=(0, 1, 6, 10, 11)),
     Kind("sharded-tar", sharded_tar, key_id, False, BYTES | STREAM),
 ]
-PLACEMENTS = [pytest.param(0, id="workers=0"), pytest.param(2, id="workers=2")]
+# Where the work runs: this process's loop and threads; 2 workers transforming (and calling
+# a sync __getitem__); 2 workers fetching too, each on its own loop and iterating its own copy
+# of an iterable source (its part of it: the sources here shard by get_worker_info()).
+IN_WORKERS = {"num_workers": 2, "fetch_in_workers": True}
+WITH_WORKERS = [
+    pytest.param({"num_workers": 2}, id="workers=2"),
+    pytest.param(IN_WORKERS, id="fetch-in-workers"),
+]
+PLACEMENTS = [pytest.param({}, id="workers=0"), *WITH_WORKERS]
 WORKER_RESUME_POINTS = (6,)  # with workers, one stop mid-epoch: each loader starts a pool
 
 
 def by_kind(fn):
     """Parametrises a test over KINDS and PLACEMENTS."""
-    fn = pytest.mark.parametrize("num_workers", PLACEMENTS)(fn)
+    fn = pytest.mark.parametrize("placement", PLACEMENTS)(fn)
     return pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])(fn)
+
+
+def streams_in_workers(kind, placement) -> bool:
+    """Each worker iterates its own part of the source (batches taken round robin)."""
+    return not kind.map_style and placement.get("fetch_in_workers", False)
 
 
 @pytest.fixture
@@ -202,13 +217,24 @@ def key_of(kind):
     return lambda batch: [kind.sample_id(s) for s in batch]
 
 
-def expected(kind, sources) -> list:
-    """The order the samples must come in: DataLoader's with the same shuffle (map-style), or
-    the stream's own."""
+def expected(kind, sources, placement=None) -> list:
+    """The order the samples must come in: DataLoader's with the same shuffle (map-style), the
+    stream's own, or with each worker iterating its own part, those parts round robin."""
     if kind.map_style:
         shuffled = DataLoader(range(N), batch_size=BATCH, shuffle=True, generator=generator())
         return [int(i) for batch in shuffled for i in batch]
-    source = sources()
+    if placement is not None and streams_in_workers(kind, placement):
+        n = placement["num_workers"]
+        parts = []
+        for w in range(n):
+            with as_worker(w, n):
+                parts.append(stream_of(kind, sources()))
+        return round_robin(parts, BATCH)
+    return stream_of(kind, sources())
+
+
+def stream_of(kind, source) -> list:
+    """The ids of what ``source`` yields, iterated here."""
     if hasattr(source, "__aiter__"):
 
         async def stream():
@@ -220,36 +246,38 @@ def expected(kind, sources) -> list:
 
 @by_kind
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_order(kind, sources, num_workers, mode):
-    """in_order=True: samples come in sampler (or stream) order though they finish out of order."""
-    batches = epoch(loader(kind, sources, num_workers=num_workers), key_of(kind), mode=mode)
-    check_order(batches, expected(kind, sources))
+def test_order(kind, sources, placement, mode):
+    """in_order=True: samples come in sampler (or stream) order though they finish out of
+    order; a source each worker iterates comes round robin over the workers' parts."""
+    batches = epoch(loader(kind, sources, **placement), key_of(kind), mode=mode)
+    check_order(batches, expected(kind, sources, placement))
 
 
 @by_kind
-def test_exactly_once(kind, sources, num_workers):
+def test_exactly_once(kind, sources, placement):
     """in_order=False: every sample of the epoch is delivered exactly once."""
-    made = loader(kind, sources, num_workers=num_workers, in_order=False)
+    made = loader(kind, sources, **placement, in_order=False)
     check_exactly_once(epoch(made, key_of(kind)), expected(kind, sources))
 
 
 @by_kind
-def test_bounded_window(kind, sources, num_workers):
+def test_bounded_window(kind, sources, placement):
     """A slow consumer: batches ahead stay within stats.window, fetches within io_concurrency."""
-    made = loader(kind, sources, num_workers=num_workers, io_concurrency=8, prefetch=2)
+    made = loader(kind, sources, **placement, io_concurrency=8, prefetch=2)
     epoch(made, key_of(kind), step_s=SLOW_STEP_S)
     check_bounded_window(made.stats)
 
 
 @by_kind
 @pytest.mark.parametrize("stop", STOPS)
-def test_clean_shutdown(kind, sources, num_workers, stop):
+def test_clean_shutdown(kind, sources, placement, stop):
     """Stopped after one batch, the epoch leaves no thread and no worker process behind."""
-    check_clean_shutdown(loader(kind, sources, num_workers=num_workers), stop)
+    check_clean_shutdown(loader(kind, sources, **placement), stop)
 
 
 def resume(kind, sources, points, **kw) -> None:
-    """check_resume over ``kind``; a stateless stream must warn that it is replayed."""
+    """check_resume over ``kind``; a stateless stream must warn that it is replayed (in this
+    process: workers iterating their own copies replay theirs without a warning)."""
 
     def make(**opts) -> AsyncLoader:
         return loader(kind, sources, **opts | kw)
@@ -258,7 +286,8 @@ def resume(kind, sources, points, **kw) -> None:
         warnings.simplefilter("always")
         check_resume(make, points, key=key_of(kind), in_order=kw.get("in_order", True))
     replayed = any("pulling and dropping" in str(w.message) for w in caught)
-    assert replayed == (REPLAYED in kind.cannot), [str(w.message) for w in caught]
+    warns = REPLAYED in kind.cannot and not kw.get("fetch_in_workers")
+    assert replayed == warns, [str(w.message) for w in caught]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
@@ -268,23 +297,27 @@ def test_resume_at_every_position(kind, sources):
 
 
 @pytest.mark.parametrize("in_order", [True, False], ids=["in_order", "unordered"])
+@pytest.mark.parametrize("placement", WITH_WORKERS)
 @pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
-def test_resume_with_workers(kind, sources, in_order):
+def test_resume_with_workers(kind, sources, placement, in_order):
     """With 2 workers, mid-epoch: the same batches follow, or (unordered) the missing ones."""
-    resume(kind, sources, WORKER_RESUME_POINTS, num_workers=2, in_order=in_order)
+    resume(kind, sources, WORKER_RESUME_POINTS, **placement, in_order=in_order)
 
 
+@pytest.mark.parametrize("placement", WITH_WORKERS)
 @pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
-def test_draws_in_workers_repeat(kind, sources):
+def test_draws_in_workers_repeat(kind, sources, placement):
     """A transform drawing from the global RNGs in the workers: the same draws for the same
-    generator seed, run after run and for 1 or 2 workers."""
+    generator seed, run after run and for 1 or 2 workers. A source each worker iterates is
+    seeded per worker, as under DataLoader: its draws repeat for the same worker count."""
 
     def make(num_workers: int, seed: int) -> AsyncLoader:
         transform = Draws(kind.loader_kw.get("transform"))
-        opts = dict(transform=transform, collate_fn=list, num_workers=num_workers)
+        opts = placement | dict(transform=transform, collate_fn=list, num_workers=num_workers)
         return loader(kind, sources, **opts, generator=torch.Generator().manual_seed(seed))
 
-    check_repeatable(make, lambda batch: [(kind.sample_id(s), d) for s, d in batch])
+    counts = (2, 2) if streams_in_workers(kind, placement) else (2, 2, 1)
+    check_repeatable(make, lambda batch: [(kind.sample_id(s), d) for s, d in batch], counts)
 
 
 # The checkers can fail: each is fed a run that breaks its contract.

@@ -22,6 +22,7 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from asyncloader._worker import get_worker_info
 from asyncloader.errors import FetchError
 from asyncloader.sources._files import FileClient
 from asyncloader.sources._http import HTTPClient
@@ -40,6 +41,12 @@ from asyncloader.sources._shardplan import (
 from asyncloader.sources._skips import Skips
 from asyncloader.sources._stream import SKIPPED_POSITION, Position, ShardStream
 from asyncloader.sources._tar import members, split_key
+
+
+def _worker_part() -> tuple[int, int]:
+    """``(worker id, workers)`` inside a worker iterating its own copy, else ``(0, 1)``."""
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
 
 
 def make_client(url: str, **opts: Any) -> Client:
@@ -220,14 +227,23 @@ class ShardedSource(ClientSource):
         return per_rank(self._counts, resolve_ranks(self._rank, self._world)[1])
 
     def __aiter__(self) -> AsyncIterator[Any]:
+        """This rank's samples; inside a worker of ``fetch_in_workers=True``, only the worker's
+        part: worker ``w`` of ``n`` reads slices ``w, w + n, ...`` of the rank's plan, so the
+        workers read disjoint shards (a worker without a slice yields nothing), each shuffled
+        with its own RNG."""
         rank, world = resolve_ranks(self._rank, self._world)
         start = self._position.yielded if self._position is not None and self._loaded else 0
         self._loaded = False
         self._position = Position(self._epoch, rank, world, start)
         seed = f"{self._seed}:{self._epoch}:{rank}:samples"
+        slices = self.slices()
+        worker, workers = _worker_part()
+        if workers > 1:
+            slices = slices[worker::workers]
+            seed += f":worker{worker}of{workers}"
         rng = random.Random(seed) if self._shuffle else None
         return ShardStream(
-            self.slices(), self.items, rng, self._buffer_size, self._concurrency, self._position
+            slices, self.items, rng, self._buffer_size, self._concurrency, self._position
         )
 
     def __repr__(self) -> str:

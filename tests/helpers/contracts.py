@@ -105,6 +105,22 @@ def check_exactly_once(batches: Sequence[Sequence], expected: Iterable) -> None:
     )
 
 
+def round_robin(streams: Sequence[Sequence[Any]], batch_size: int) -> list:
+    """The samples, in order, of workers that each batch their own ``stream`` by
+    ``batch_size`` and are taken one batch each in turn, an ended one dropping out
+    (DataLoader's order for an iterable dataset with workers)."""
+    batches = [
+        [list(stream[i : i + batch_size]) for i in range(0, len(stream), batch_size)]
+        for stream in streams
+    ]
+    out: list = []
+    for turn in range(max((len(b) for b in batches), default=0)):
+        for worker in batches:
+            if turn < len(worker):
+                out.extend(worker[turn])
+    return out
+
+
 def check_bounded_window(stats: Any) -> None:
     """Bounded window: batches ahead of the consumer never exceeded ``stats.window``, samples
     being fetched never exceeded ``stats.io_concurrency``; and the pipeline did run ahead
@@ -148,13 +164,16 @@ def check_clean_shutdown(loader: Any, stop: str) -> None:
     assert not worker_processes() - procs, f"worker processes left after {stop}"
 
 
-def check_repeatable(make_loader: Callable[..., Any], key: Callable[[Any], Any]) -> None:
-    """Random draws in the workers repeat with the same seed: two runs with 2 workers and one
-    with 1 give equal batches, draws included (``make_loader(num_workers=n, seed=s)``), and
-    another seed gives other draws."""
-    runs = [epoch(make_loader(num_workers=n, seed=1), key) for n in (2, 2, 1)]
+def check_repeatable(
+    make_loader: Callable[..., Any], key: Callable[[Any], Any], counts: Sequence[int] = (2, 2, 1)
+) -> None:
+    """Random draws in the workers repeat with the same seed: runs with ``counts`` workers
+    (two runs with 2 workers and one with 1 by default) give equal batches, draws included
+    (``make_loader(num_workers=n, seed=s)``), and another seed gives other draws."""
+    runs = [epoch(make_loader(num_workers=n, seed=1), key) for n in counts]
     assert runs[0] == runs[1], "two runs with the same seed drew differently"
-    assert runs[0] == runs[2], "1 and 2 workers drew differently with the same seed"
+    for n, run in zip(counts[2:], runs[2:], strict=True):
+        assert runs[0] == run, f"{counts[0]} and {n} workers drew differently with the same seed"
     assert epoch(make_loader(num_workers=2, seed=2), key) != runs[0], "another seed, same draws"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import threading
@@ -14,6 +15,10 @@ import numpy as np
 import psutil
 import torch
 from torch.utils.data import IterableDataset
+from torch.utils.data._utils import worker as torch_worker
+
+from asyncloader import _worker
+from asyncloader._worker import WorkerInfo, get_worker_info
 
 MAX_LATENCY_S = 0.004
 
@@ -59,28 +64,50 @@ class AsyncSource:
 
 
 class IterSource(IterableDataset):
-    """A torch IterableDataset yielding samples 0..n-1."""
+    """A torch IterableDataset yielding samples 0..n-1; in worker ``w`` of ``k`` iterating its
+    own copy (torch's ``get_worker_info()``), those with ``i % k == w``, as DataLoader's
+    documentation shards one."""
 
     def __init__(self, n: int = 100) -> None:
         self.n = n
 
     def __iter__(self):
-        return (sample(i) for i in range(self.n))
+        info = torch.utils.data.get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        return (sample(i) for i in range(first, self.n, step))
 
     def __len__(self) -> int:
         return self.n
 
 
 class AsyncIterSource:
-    """An async iterable yielding samples 0..n-1 with random latency."""
+    """An async iterable yielding samples 0..n-1 with random latency; in worker ``w`` of ``k``
+    iterating its own copy (asyncloader's ``get_worker_info()``), those with ``i % k == w``."""
 
     def __init__(self, n: int = 100) -> None:
         self.n = n
 
     async def __aiter__(self):
-        for i in range(self.n):
+        info = get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(first, self.n, step):
             await asyncio.sleep(latency(i) / 4)
             yield sample(i)
+
+
+@contextlib.contextmanager
+def as_worker(worker_id: int, num_workers: int):
+    """Within: ``get_worker_info()`` (asyncloader's and torch's) answers as worker
+    ``worker_id`` of ``num_workers`` does, to iterate a worker's part of a source here."""
+    saved = _worker._info, torch_worker._worker_info
+    _worker._info = WorkerInfo(worker_id, num_workers, 0, None)
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=worker_id, num_workers=num_workers, seed=0, dataset=None
+    )
+    try:
+        yield
+    finally:
+        _worker._info, torch_worker._worker_info = saved
 
 
 def indices_of(batches: Iterable[Any]) -> list[int]:
@@ -313,3 +340,46 @@ def shard_set(n_shards: int, per_shard: int | list[int]) -> dict[str, bytes]:
             (k, {"txt": k.encode(), "bin": bytes(1000 + len(k))}) for k in keys
         )
     return shards
+
+
+class InFlight:
+    """An async map-style source whose samples say how many fetches were in flight in their
+    process as each began: ``(index, pid, in flight)``, after ``delay_s``."""
+
+    running = 0  # per process: the module is imported afresh in each worker
+
+    def __init__(self, n: int, delay_s: float = 0.01) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> tuple[int, int, int]:
+        InFlight.running += 1
+        try:
+            now = InFlight.running
+            await asyncio.sleep(self.delay_s)
+            return index, os.getpid(), now
+        finally:
+            InFlight.running -= 1
+
+
+class UnevenStream(IterableDataset):
+    """A torch IterableDataset sharded by ``get_worker_info()`` unevenly: worker ``w`` of ``k``
+    yields ``sizes[w]`` samples ``(w, i)`` (a single process yields every part in turn)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        parts = [info.id] if info is not None else range(len(self.sizes))
+        return ((w, i) for w in parts for i in range(self.sizes[w]))
+
+
+class RaisingStream(IterableDataset):
+    """Yields 0, 1, 2 in each worker, then raises CodedError(code=7) in its ``__next__``."""
+
+    def __iter__(self):
+        yield from range(3)
+        raise CodedError("the stream broke", code=7)

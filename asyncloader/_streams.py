@@ -1,0 +1,88 @@
+"""An iterable source run in the workers: each iterates its own copy, batches taken in turn.
+
+With ``fetch_in_workers=True`` every worker iterates its own copy of an iterable source (so
+the work inside ``__iter__`` runs on every worker; the library's sharded sources and a
+``torch.utils.data.IterableDataset`` that calls ``get_worker_info()`` give each worker its
+own part). The epoch takes their batches round robin, DataLoader's order::
+
+    worker 0's batch 0, worker 1's batch 0, ..., worker 0's batch 1, worker 1's batch 1, ...
+
+a worker whose iteration has ended dropping out of the turn. So the order depends on what each
+worker's iteration yields, never on timing.
+
+Each worker is asked for ``prefetch`` batches ahead of the one the epoch waits for from it.
+Resume: the state before each batch records, per worker, the batches delivered, whether its
+iteration ended, and the source's own state after its last delivered batch (when it keeps
+one); a resumed worker restores that state, or else replays its delivered batches and drops
+them, and the turn continues where it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections import deque
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from asyncloader._batches import Batch, Made
+from asyncloader._options import Options
+from asyncloader._progress import Progress
+from asyncloader._start import EpochStart
+from asyncloader._state import fresh_state
+from asyncloader._worker_loop import END, StreamOpen
+
+
+async def worker_stream_batches(
+    engine: Any, options: Options, start: EpochStart, progress: Progress
+) -> AsyncGenerator[Batch, None]:
+    """The epoch's batches, made by the workers' own iterations, round robin.
+
+    Args:
+        engine: Has ``num_workers``, ``new_token()``, ``open_stream(worker, StreamOpen)`` and
+            ``next_stream(worker, token, number) -> Future``.
+        start: The epoch's start; its ``source_state`` holds the merge state to continue.
+        progress: Told the merge state before each batch (what ``state_dict()`` saves).
+    """
+    n = engine.num_workers
+    saved = start.source_state[1] if start.source_state is not None else fresh_state(n)
+    workers = copy.deepcopy(saved["per_worker"])
+    token = engine.new_token()
+    asked = [w["delivered"] for w in workers]  # the next batch number to ask each for
+    ahead: list[deque[asyncio.Future[Any]]] = [deque() for _ in range(n)]
+
+    def ask(w: int) -> None:
+        ahead[w].append(asyncio.wrap_future(engine.next_stream(w, token, asked[w])))
+        asked[w] += 1
+
+    for w, worker in enumerate(workers):
+        if not worker["ended"]:
+            opening = StreamOpen(token, start.seed + w, worker["delivered"], worker["state"])
+            engine.open_stream(w, opening)
+            for _ in range(options.prefetch):
+                ask(w)
+    seq, w = start.first_seq, saved["next"]
+    try:
+        while not all(worker["ended"] for worker in workers):
+            if workers[w]["ended"]:
+                w = (w + 1) % n
+                continue
+            answer = await ahead[w].popleft()
+            if answer == END:
+                workers[w]["ended"] = True
+                for future in ahead[w]:
+                    future.cancel()
+                ahead[w].clear()
+                continue
+            indices, result, state = answer
+            workers[w]["delivered"] += 1
+            workers[w]["state"] = state
+            ask(w)
+            w = (w + 1) % n
+            progress.source_state_before(seq + 1, {"per_worker": copy.deepcopy(workers), "next": w})
+            yield seq, indices, Made(result)
+            seq += 1
+    finally:
+        for queue in ahead:
+            for future in queue:
+                future.cancel()

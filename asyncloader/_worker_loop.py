@@ -1,0 +1,324 @@
+"""A worker that fetches: its own event loop, many batches at once (``fetch_in_workers=True``).
+
+:class:`WorkerCore` is the work of one worker whatever carries its messages: the local
+engine's pipe (:func:`serve`, the main function of each worker process of
+:class:`asyncloader._procs.WorkerGroup`) or a Ray actor (:mod:`asyncloader.ray`). On the
+worker's event loop (uvloop when installed) a :class:`~asyncloader._fetch.Fetcher` fetches
+the samples of every batch the worker holds, at most ``io_limit`` at once; CPU work (a sync
+``__getitem__``, ``transform``, ``collate_fn``, the move into shared memory) runs on one
+compute thread, so the loop goes on fetching meanwhile.
+
+An iterable source's copy in the worker is iterated here too, as under DataLoader:
+:meth:`WorkerCore.next_stream` makes the next batch of the worker's own iteration, one at a
+time and in order; the first call of an epoch opens the iteration (seeding the worker's RNGs
+and restoring the source's saved state, or replaying the batches already delivered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import threading
+from collections.abc import Sequence
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+from asyncloader._batches import take_async, through_next
+from asyncloader._failure import Failure
+from asyncloader._fetch import Fetcher, fetch_then_run
+from asyncloader._plan import BatchPlan, run_batch
+from asyncloader._seeding import Seeds, call_seeded, seed_stream
+from asyncloader._state import source_state
+from asyncloader._threads import loader_threads, new_event_loop
+from asyncloader._worker import init_failure, setup_worker
+from asyncloader.sources import SourceKind
+
+#: What :meth:`WorkerCore.next_stream` answers once the worker's iteration has ended.
+END = "end"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What every worker of a loader needs besides its plan (from the loader's options)."""
+
+    kind: SourceKind
+    io_limit: int  # samples this worker fetches at once
+    fetch_threads: int
+    batch_size: int | None
+    drop_last: bool
+    loader_name: str
+
+
+@dataclasses.dataclass(slots=True)
+class StreamOpen:
+    """The start of one epoch's iteration in a worker: seed, and where to continue."""
+
+    token: int
+    seed: int
+    delivered: int  # batches of this worker the consumer already has
+    state: Any  # the source's own state after those batches, or None (then replayed)
+
+
+class _Stream:
+    __slots__ = ("ended", "iterator", "lock", "opening", "token")
+
+    def __init__(self, opening: StreamOpen) -> None:
+        self.token = opening.token
+        self.opening: StreamOpen | None = opening
+        self.iterator: Any = None
+        self.ended = False
+        self.lock = asyncio.Lock()  # FIFO: requests are served in the order they came
+
+
+class WorkerCore:
+    """The batches of one worker, on the running event loop (see the module docstring).
+
+    Args:
+        plan: The loader's plan, holding the dataset.
+        config: The loader's worker configuration.
+        worker_id: This worker's id.
+    """
+
+    def __init__(self, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
+        self._plan = plan
+        self._config = config
+        self._id = worker_id
+        self._loop = asyncio.get_running_loop()
+        self._compute = loader_threads(1, "asyncloader-compute")
+        self._fetch_pool = None
+        self._sample_seed: int | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        get = None
+        if config.kind is SourceKind.ASYNC_MAP:
+            get = plan.dataset.__getitem__
+        elif config.kind is SourceKind.MAP and config.fetch_threads > 1:
+            self._fetch_pool = loader_threads(config.fetch_threads, "asyncloader-fetch")
+            get = self._get_in_thread
+        # Without a fetcher a sync __getitem__ runs on the compute thread, one batch at a time
+        # (DataLoader's way, and the batch's seeding covers it).
+        self._fetcher = (
+            Fetcher(get, max(1, config.io_limit), self.spawn, plan.skip) if get else None
+        )
+        self._run_plan = dataclasses.replace(plan, dataset=None) if get else plan
+        self._streams: dict[int, _Stream] = {}
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = self._loop.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _get_in_thread(self, index: Any) -> asyncio.Future[Any]:
+        getitem = self._plan.dataset.__getitem__
+        return self._loop.run_in_executor(
+            self._fetch_pool, call_seeded, self._sample_seed, index, getitem, index
+        )
+
+    def _runner(self, plan: BatchPlan, seeds: Seeds | None) -> Any:
+        def run(seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
+            return self._loop.run_in_executor(
+                self._compute, run_batch, plan, seq, indices, samples, seeds
+            )
+
+        return run
+
+    async def batch(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+    ) -> Any:
+        """Batch ``seq`` of a map-style source (or of samples given): fetched, transformed,
+        collated and ready to leave the process; or its Failure."""
+        if (failed := init_failure()) is not None:
+            return failed
+        self._sample_seed = seeds.sample_seeds if seeds is not None else None
+        run = self._runner(self._run_plan, seeds)
+        return await fetch_then_run(self._fetcher, run, seq, indices, samples)
+
+    def open_stream(self, opening: StreamOpen) -> None:
+        """Starts (lazily, at the first :meth:`next_stream`) this worker's iteration of the
+        epoch ``opening.token``; an older one of this worker is dropped."""
+        self._streams = {opening.token: _Stream(opening)}
+
+    async def next_stream(self, token: int, number: int) -> Any:
+        """Batch ``number`` of this worker's iteration: ``(indices, batch, state)``, where
+        ``state`` is the source's own state after it (``None`` when it keeps none), or
+        :data:`END`. ``indices`` are offsets in the worker's own stream."""
+        stream = self._streams.get(token)
+        if stream is None:
+            return END
+        async with stream.lock:
+            if (failed := init_failure()) is not None:
+                return None, failed, None
+            if stream.opening is not None:
+                opening, stream.opening = stream.opening, None
+                try:
+                    stream.iterator = await self._open(opening)
+                except Exception as exc:
+                    stream.ended = True
+                    return range(0), self._stream_failure(exc, "fetch", number, range(0)), None
+                for replayed in range(opening.delivered if opening.state is None else 0):
+                    if await self._pull(stream, replayed) is END:
+                        break
+            return await self._pull(stream, number)
+
+    async def _open(self, opening: StreamOpen) -> Any:
+        seed_stream(opening.seed)
+        dataset, saved = self._plan.dataset, opening.state or {}
+
+        def start() -> Any:
+            if saved.get("dataset") is not None:
+                dataset.load_state_dict(saved["dataset"])
+            iterator = aiter(dataset) if self._is_async else iter(dataset)
+            if saved.get("iterator") is not None:
+                iterator.load_state_dict(saved["iterator"])
+            return iterator
+
+        if self._is_async:
+            return start()
+        return await self._loop.run_in_executor(self._compute, start)
+
+    @property
+    def _is_async(self) -> bool:
+        return self._config.kind is SourceKind.ASYNC_ITERABLE
+
+    async def _pull(self, stream: _Stream, number: int) -> Any:
+        if stream.ended:
+            return END
+        config, dataset, iterator = self._config, self._plan.dataset, stream.iterator
+        size = config.batch_size or 1
+        offsets = range(number * size, (number + 1) * size)
+        try:
+            if self._is_async:
+                samples = await take_async(iterator, size)
+                state = source_state(dataset, iterator)
+            else:
+                samples, state = await self._loop.run_in_executor(
+                    self._compute, _take_sync, dataset, iterator, size
+                )
+        except Exception as exc:
+            return offsets, self._stream_failure(exc, "fetch", number, offsets), None
+        if not samples or (config.drop_last and len(samples) < size):
+            stream.ended = True
+            return END
+        offsets = offsets[: len(samples)]
+        result = await self._runner(self._run_plan, None)(number, offsets, samples)
+        if isinstance(result, Failure):
+            result.exc.add_note(f"asyncloader: worker={self._id} (batch {number} of its stream)")
+        return offsets, result, state
+
+    def _stream_failure(
+        self, exc: Exception, stage: str, number: int, offsets: Sequence[Any]
+    ) -> Failure:
+        failure = Failure.capture(exc, stage, number, offsets)
+        exc.add_note(f"asyncloader: worker={self._id} (batch {number} of its stream)")
+        return failure
+
+    async def aclose(self) -> None:
+        """Cancels what is in flight and stops the threads (without waiting for user code)."""
+        if self._fetcher is not None:
+            self._fetcher.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for stream in self._streams.values():
+            if stream.iterator is not None and hasattr(stream.iterator, "aclose"):
+                with contextlib.suppress(Exception):
+                    await stream.iterator.aclose()
+        self._compute.shutdown(wait=False, cancel_futures=True)
+        if self._fetch_pool is not None:
+            self._fetch_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _take_sync(dataset: Any, iterator: Any, size: int) -> tuple[list[Any], Any]:
+    stream = through_next(iterator) if iterator is dataset else iterator
+    items = list(itertools.islice(stream, size))
+    return items, source_state(dataset, iterator)
+
+
+# -- the local engine's worker process ------------------------------------------------------
+
+
+def serve(
+    conn: Any,
+    owner_pid: int,
+    worker_id: int,
+    num_workers: int,
+    base_seed: int,
+    plan: BatchPlan,
+    worker_init_fn: Any,
+    config: WorkerConfig,
+) -> None:
+    """Main function of a :class:`~asyncloader._procs.WorkerGroup` worker process.
+
+    Messages in (tuples over ``conn``): ``("batch", key, seq, indices, samples, seeds)``,
+    ``("open", StreamOpen)``, ``("next", key, token, number)``, ``("stop",)``. Messages out:
+    ``("ready", init_failure)`` once, then per request ``("done", key)`` followed by the
+    pickled result as bytes, under the key the request came with. A closed pipe is a stop.
+    """
+    setup_worker(owner_pid, worker_id, num_workers, base_seed, plan, worker_init_fn)
+    conn.send(("ready", init_failure()))
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(_serve(conn, plan, config, worker_id))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+
+
+async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+
+    def read() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                message = ("stop",)
+            loop.call_soon_threadsafe(inbox.put_nowait, message)
+            if message[0] == "stop":
+                return
+
+    threading.Thread(target=read, name="asyncloader-inbox", daemon=True).start()
+    core = WorkerCore(plan, config, worker_id)
+
+    def reply(key: Any, seq: int, result: Any, indices: Sequence[Any]) -> None:
+        try:
+            payload = ForkingPickler.dumps(result)
+        except Exception as exc:  # the batch does not pickle: say so in its place
+            payload = ForkingPickler.dumps(Failure.capture(exc, "send", seq, indices))
+        try:
+            conn.send(("done", key))
+            conn.send_bytes(payload)
+        except OSError:
+            pass  # the training process stopped listening
+
+    async def answer_batch(key: Any, seq: int, indices: Any, samples: Any, seeds: Any) -> None:
+        try:
+            result = await core.batch(seq, indices, samples, seeds)
+        except Exception as exc:  # asyncloader's own bug: still answer, never hang
+            result = Failure.capture(exc, "worker", seq, indices)
+        reply(key, seq, result, indices)
+
+    async def answer_next(key: Any, token: int, number: int) -> None:
+        try:
+            result = await core.next_stream(token, number)
+        except Exception as exc:  # asyncloader's own bug: still answer, never hang
+            result = (range(0), Failure.capture(exc, "worker", number, range(0)), None)
+        reply(key, number, result, result[0] if result is not END else ())
+
+    try:
+        while True:
+            message = await inbox.get()
+            op = message[0]
+            if op == "stop":
+                return
+            if op == "batch":
+                core.spawn(answer_batch(*message[1:]), name=f"batch:{message[2]}")
+            elif op == "open":
+                core.open_stream(message[1])
+            elif op == "next":
+                core.spawn(answer_next(*message[1:]), name=f"next:{message[3]}")
+    finally:
+        await core.aclose()

@@ -1,0 +1,167 @@
+"""fetch_in_workers=True (issue 16): each worker fetches on its own event loop, and iterates its
+own copy of an iterable source, as under DataLoader.
+
+The contracts (order, exactly once, bounded window, clean shutdown, resume, repeatable draws)
+run over this placement in tests/test_contracts.py; here are what is particular to it: where
+the fetches run and how many at once, DataLoader's order for an IterableDataset, errors and
+crashes inside a worker's loop or iteration, and the states that cannot carry over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from asyncloader import AsyncLoader
+from asyncloader.errors import WorkerCrashedError
+from tests.helpers import CodedError, DieAt, IterSource, SyncSource, indices_of
+from tests.helpers.contracts import epoch, steps
+from tests.helpers.sources import InFlight, RaisingStream, UnevenStream
+
+IN_WORKERS = dict(num_workers=2, fetch_in_workers=True)
+
+
+def test_fetch_in_workers_needs_workers_and_a_bool():
+    with pytest.raises(ValueError, match="fetch_in_workers=True needs num_workers > 0"):
+        AsyncLoader(SyncSource(4), fetch_in_workers=True)
+    with pytest.raises(TypeError, match="fetch_in_workers"):
+        AsyncLoader(SyncSource(4), num_workers=1, fetch_in_workers="yes")
+
+
+@pytest.mark.parametrize("io_concurrency", [8, 64])
+def test_async_fetches_run_in_the_workers_within_their_share(io_concurrency):
+    """Every sample is fetched in one of the two workers, never in this process, and no worker
+    has more than its half of io_concurrency in flight; the total reaches the limit."""
+    loader = AsyncLoader(
+        InFlight(256), batch_size=8, collate_fn=list, io_concurrency=io_concurrency, **IN_WORKERS
+    )
+    samples = [s for batch in loader for s in batch]
+    assert [index for index, _, _ in samples] == list(range(256))
+    pids = Counter(pid for _, pid, _ in samples)
+    assert len(pids) == 2 and os.getpid() not in pids, pids
+    most = {pid: max(n for _, p, n in samples if p == pid) for pid in pids}
+    assert all(n <= io_concurrency // 2 for n in most.values()), most
+    assert sum(most.values()) > io_concurrency // 2, f"never more than one worker's share: {most}"
+
+
+def test_a_get_worker_info_sharded_iterable_comes_as_from_dataloader():
+    """An IterableDataset that shards itself with torch's get_worker_info(), with parts of
+    different lengths: the same batches, in the same order, as DataLoader gives (round robin
+    over the workers, one that ended dropping out)."""
+    source = UnevenStream([3, 14])
+    ours = epoch(AsyncLoader(source, batch_size=4, **IN_WORKERS), key=lambda b: repr(b))
+    theirs = epoch(DataLoader(source, batch_size=4, num_workers=2), key=lambda b: repr(b))
+    assert ours == theirs
+    assert len(ours) == 5
+
+
+def test_an_unsharded_iterable_is_iterated_by_every_worker():
+    """DataLoader's semantics, duplicates included: each worker iterates its own copy, so a
+    source that does not shard itself is yielded once per worker."""
+
+    class Whole(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(6))
+
+    got = [int(x) for batch in AsyncLoader(Whole(), batch_size=3, **IN_WORKERS) for x in batch]
+    assert got == [0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_error_in_a_workers_iteration_keeps_its_type_and_names_the_worker(mode):
+    """A worker's iterator raising: that step raises the user's exception (type, attributes,
+    the worker's traceback, a note naming the worker), the other worker's batches still come,
+    and the epoch ends once both iterations ended."""
+    loader = AsyncLoader(RaisingStream(), batch_size=2, **IN_WORKERS)
+    got, errors = steps(loader, mode, key=lambda b: b.tolist())
+    assert got == [[0, 1], [0, 1]]
+    assert [type(e) for e in errors] == [CodedError, CodedError]
+    assert all(e.code == 7 for e in errors)
+    notes = ["\n".join(e.__notes__) for e in errors]
+    assert "worker=0" in notes[0] and "worker=1" in notes[1], notes
+    assert "raise CodedError" in str(errors[0].__cause__), "the worker's traceback"
+
+
+def test_a_fetch_error_names_stage_batch_and_index():
+    """An async __getitem__ raising in a worker: the user's type, with stage, batch, index."""
+
+    class Broken:
+        def __len__(self):
+            return 8
+
+        async def __getitem__(self, index):
+            if index == 5:
+                raise CodedError("no such object", code=404)
+            return index
+
+    got, errors = steps(AsyncLoader(Broken(), batch_size=4, **IN_WORKERS))
+    assert [b.tolist() for b in got] == [[0, 1, 2, 3]]
+    assert len(errors) == 1 and errors[0].code == 404
+    assert "stage=fetch batch=1 index=5" in "\n".join(errors[0].__notes__)
+
+
+def test_a_dead_worker_is_reported_with_the_batches_it_held():
+    """A worker killed mid-epoch (SIGKILL): WorkerCrashedError names its pid, the signal and
+    the batches it held; no process is left."""
+    with tempfile.TemporaryDirectory() as folder:
+        marker = str(Path(folder) / "died")
+        loader = AsyncLoader(
+            SyncSource(64), batch_size=4, transform=DieAt(21, "sigkill", marker), **IN_WORKERS
+        )
+        with pytest.raises(WorkerCrashedError) as caught:
+            epoch(loader)
+    message = str(caught.value)
+    assert "is killed by signal: Killed (SIGKILL)" in message
+    assert "batch 5 (indices [20, 21, 22, 23])" in message
+
+
+def test_persistent_workers_iterate_afresh_every_epoch():
+    loader = AsyncLoader(IterSource(10), batch_size=3, persistent_workers=True, **IN_WORKERS)
+    try:
+        for _ in range(2):
+            assert sorted(indices_of(loader)) == list(range(10))
+    finally:
+        loader.close()
+
+
+def broken_init(worker_id: int) -> None:
+    raise CodedError("no GPU for this worker", code=worker_id + 100)
+
+
+def test_a_worker_init_fn_error_reaches_the_first_step():
+    loader = AsyncLoader(IterSource(8), batch_size=2, worker_init_fn=broken_init, **IN_WORKERS)
+    with pytest.raises(CodedError) as caught:
+        next(iter(loader))
+    assert caught.value.code in (100, 101)
+    loader.close()
+
+
+def _stopped_after(loader: AsyncLoader, k: int) -> dict:
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    return state
+
+
+def test_a_position_in_the_workers_iterations_needs_the_same_placement_and_workers():
+    """The position of an iterable source iterated by 2 workers means nothing to 3 workers or
+    to a single iteration in this process: loading it says so (and the reverse)."""
+    state = _stopped_after(AsyncLoader(IterSource(40), batch_size=4, **IN_WORKERS), 3)
+    with pytest.raises(ValueError, match="num_workers=2 iterating the source"):
+        AsyncLoader(
+            IterSource(40), batch_size=4, num_workers=3, fetch_in_workers=True
+        ).load_state_dict(state)
+    with pytest.raises(ValueError, match="fetch_in_workers=True, this loader has"):
+        AsyncLoader(IterSource(40), batch_size=4, num_workers=2).load_state_dict(state)
+    single = _stopped_after(AsyncLoader(IterSource(40), batch_size=4), 3)
+    with pytest.raises(ValueError, match="fetch_in_workers=False, this loader has"):
+        AsyncLoader(IterSource(40), batch_size=4, **IN_WORKERS).load_state_dict(single)
