@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import selectors
 import threading
 import time
 import weakref
@@ -236,21 +237,36 @@ class WorkerGroup:
     # -- the receiver thread -------------------------------------------------------------------
 
     def _receive(self) -> None:
-        conns = {conn: i for i, conn in enumerate(self._conns)}
-        sentinels = {proc.sentinel: i for i, proc in enumerate(self._procs)}
-        while conns or sentinels:
-            for ready in wait([*conns, *sentinels]):
-                if ready in conns:
-                    if not self._take(conns[ready], ready):
-                        del conns[ready]
-                elif ready in sentinels:
-                    i = sentinels.pop(ready)
+        """Runs until every worker's pipe closed and every worker exited.
+
+        One selector for the thread's life (``multiprocessing.connection.wait`` builds one per
+        call), and a ready pipe is drained before waiting again.
+        """
+        with selectors.DefaultSelector() as selector:
+            for i, conn in enumerate(self._conns):
+                selector.register(conn, selectors.EVENT_READ, (i, conn))
+                selector.register(self._procs[i].sentinel, selectors.EVENT_READ, (i, None))
+            while selector.get_map():
+                for key, _ in selector.select():
+                    i, conn = key.data
+                    if conn is not None:
+                        if not self._drain(i, conn):
+                            selector.unregister(conn)
+                        continue
+                    selector.unregister(key.fileobj)
                     conn = self._conns[i]
-                    while conn in conns and conn.poll():  # what it sent before it died
-                        if not self._take(i, conn):
-                            del conns[conn]
-                    conns.pop(conn, None)
+                    if conn.fileno() in selector.get_map():  # what it sent before it died
+                        self._drain(i, conn)
+                        selector.unregister(conn)
                     self._died(i)
+
+    def _drain(self, i: int, conn: Any) -> bool:
+        """Takes every answer waiting in worker ``i``'s pipe; ``False`` once it is closed."""
+        while True:
+            if not self._take(i, conn):
+                return False
+            if not conn.poll():
+                return True
 
     def _take(self, i: int, conn: Any) -> bool:
         """Receives one answer from worker ``i``; ``False`` when its pipe is closed.
