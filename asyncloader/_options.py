@@ -50,6 +50,9 @@ class Options:
     transform: Callable[[Any], Any] | None = None
     num_workers: int = 0
     executor: Executor | None = None
+    #: Where the workers run when not in this machine's processes (``RayEngine``): its
+    #: ``num_workers`` become the loader's, and they fetch (``fetch_in_workers``).
+    engine: Any = None
     io_concurrency: int = 64
     fetch_in_workers: bool = False
     fetch_threads: int = 1
@@ -75,6 +78,9 @@ class Options:
 
     def __post_init__(self) -> None:
         kind = source_kind(self.dataset)
+        if self.engine is not None:
+            check.check_engine(self.engine, self.num_workers, self.executor)
+            _set(self, num_workers=self.engine.num_workers, fetch_in_workers=True)
         check.check_num_workers(self.num_workers)
         check.check_int("io_concurrency", self.io_concurrency, 1)
         check.check_int("fetch_threads", self.fetch_threads, 1)

@@ -18,7 +18,7 @@ from asyncloader._failure import Failure
 from asyncloader._seeding import Seeds, call_seeded
 from asyncloader._skip import Skip, Trimmed
 from asyncloader._transport import to_shared
-from asyncloader._worker import in_worker, init_failure, mark_running, worker_plan
+from asyncloader._worker import init_failure, mark_running, shares_batches, worker_plan
 
 if TYPE_CHECKING:
     from asyncloader._options import Options
@@ -108,7 +108,7 @@ def run_batch(
         batch = call_seeded(
             epoch_seed, -1 - seq, plan.collate, samples if plan.batched else samples[0]
         )
-        if in_worker():
+        if shares_batches():
             stage = "share"
             batch = to_shared(batch)
         return batch
@@ -159,7 +159,7 @@ def run_skipping(
         values = [sample for _, sample in kept]
         collated = values if plan.batched else values[0]
         batch = call_seeded(epoch_seed, -1 - seq, plan.collate, collated)
-        if in_worker():
+        if shares_batches():
             stage = "share"
             batch = to_shared(batch)
     except Exception as exc:

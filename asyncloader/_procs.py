@@ -198,13 +198,11 @@ class WorkerGroup:
             worker = min(range(self.num_workers), key=self._load.__getitem__)
         return self._request(worker, ("b", seq), ("batch", seq, indices, samples, seeds))
 
-    def open_stream(self, worker: int, opening: StreamOpen) -> None:
-        """Starts ``worker``'s own iteration of an iterable source for an epoch."""
-        self._send(worker, ("open", opening))
-
-    def next_stream(self, worker: int, token: int, number: int) -> Future[Any]:
-        """Batch ``number`` of ``worker``'s iteration (see ``WorkerCore.next_stream``)."""
-        return self._request(worker, ("s", worker, token, number), ("next", token, number))
+    def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
+        """Batch ``number`` of ``worker``'s own iteration of an iterable source for the epoch
+        ``opening`` starts (see ``WorkerCore.next_stream``)."""
+        key = ("s", worker, opening.token, number)
+        return self._request(worker, key, ("next", opening, number))
 
     @staticmethod
     def new_token() -> int:
@@ -246,18 +244,21 @@ class WorkerGroup:
             for i, conn in enumerate(self._conns):
                 selector.register(conn, selectors.EVENT_READ, (i, conn))
                 selector.register(self._procs[i].sentinel, selectors.EVENT_READ, (i, None))
+            listening = set(range(self.num_workers))  # workers whose pipe is registered
             while selector.get_map():
                 for key, _ in selector.select():
                     i, conn = key.data
                     if conn is not None:
-                        if not self._drain(i, conn):
+                        if i in listening and not self._drain(i, conn):
                             selector.unregister(conn)
+                            listening.discard(i)
                         continue
                     selector.unregister(key.fileobj)
-                    conn = self._conns[i]
-                    if conn.fileno() in selector.get_map():  # what it sent before it died
+                    if i in listening:  # what it sent before it died
+                        conn = self._conns[i]
                         self._drain(i, conn)
                         selector.unregister(conn)
+                        listening.discard(i)
                     self._died(i)
 
     def _drain(self, i: int, conn: Any) -> bool:

@@ -30,7 +30,8 @@ from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
 from asyncloader._state import fresh_state
-from asyncloader._worker_loop import END, StreamOpen
+from asyncloader._worker_loop import END, LOST, StreamOpen
+from asyncloader.errors import WorkerCrashedError
 
 
 async def worker_stream_batches(
@@ -39,8 +40,8 @@ async def worker_stream_batches(
     """The epoch's batches, made by the workers' own iterations, round robin.
 
     Args:
-        engine: Has ``num_workers``, ``new_token()``, ``open_stream(worker, StreamOpen)`` and
-            ``next_stream(worker, token, number) -> Future``.
+        engine: Has ``num_workers``, ``new_token()`` and
+            ``next_stream(worker, StreamOpen, number) -> Future``.
         start: The epoch's start; its ``source_state`` holds the merge state to continue.
         progress: Told the merge state before each batch (what ``state_dict()`` saves).
     """
@@ -51,14 +52,17 @@ async def worker_stream_batches(
     asked = [w["delivered"] for w in workers]  # the next batch number to ask each for
     ahead: list[deque[asyncio.Future[Any]]] = [deque() for _ in range(n)]
 
+    openings = [
+        StreamOpen(token, start.seed + w, worker["delivered"], worker["state"])
+        for w, worker in enumerate(workers)
+    ]
+
     def ask(w: int) -> None:
-        ahead[w].append(asyncio.wrap_future(engine.next_stream(w, token, asked[w])))
+        ahead[w].append(asyncio.wrap_future(engine.next_stream(w, openings[w], asked[w])))
         asked[w] += 1
 
     for w, worker in enumerate(workers):
         if not worker["ended"]:
-            opening = StreamOpen(token, start.seed + w, worker["delivered"], worker["state"])
-            engine.open_stream(w, opening)
             for _ in range(options.prefetch):
                 ask(w)
     seq, w = start.first_seq, saved["next"]
@@ -68,6 +72,11 @@ async def worker_stream_batches(
                 w = (w + 1) % n
                 continue
             answer = await ahead[w].popleft()
+            if answer == LOST:
+                raise WorkerCrashedError(
+                    f"worker {w} has lost its iteration of the source (it was restarted): the "
+                    "epoch cannot go on exactly once. Resume from the last state_dict()."
+                )
             if answer == END:
                 workers[w]["ended"] = True
                 for future in ahead[w]:

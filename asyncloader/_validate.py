@@ -64,6 +64,21 @@ def check_workers(num_workers: int, executor: Any, persistent_workers: bool) -> 
         raise ValueError("persistent_workers option needs num_workers > 0")
 
 
+def check_engine(engine: Any, num_workers: Any, executor: Any) -> None:
+    if not callable(getattr(engine, "bind", None)) or not hasattr(engine, "num_workers"):
+        raise TypeError(
+            f"engine must be a worker engine such as asyncloader.ray.RayEngine, got "
+            f"{type(engine).__qualname__}"
+        )
+    if executor is not None:
+        raise ValueError("engine and executor are exclusive: each says where batches are made")
+    if num_workers not in (0, engine.num_workers):
+        raise ValueError(
+            f"num_workers={num_workers} and engine={engine!r} disagree: the engine's "
+            "num_workers is the loader's (leave num_workers out)"
+        )
+
+
 def check_fetch_in_workers(fetch_in_workers: Any, num_workers: int) -> None:
     check_instance("fetch_in_workers", fetch_in_workers, bool, "a bool")
     if fetch_in_workers and num_workers == 0:

@@ -70,6 +70,7 @@ _info: WorkerInfo | None = None
 _plan: BatchPlan | None = None
 _running: Running | None = None
 _init_failure: Failure | None = None  # what worker_init_fn raised, answered to every task
+_sharing = True  # batches leave through shared memory (see shares_batches)
 
 
 def get_worker_info() -> WorkerInfo | None:
@@ -109,21 +110,25 @@ def init_worker(
 
 
 def setup_worker(
-    owner_pid: int,
+    owner_pid: int | None,
     worker_id: int,
     num_workers: int,
     base_seed: int,
     plan: BatchPlan,
     worker_init_fn: Any,
+    share_batches: bool = True,
 ) -> None:
     """Makes this process worker ``worker_id``: seeds, keeps the plan, calls the hook.
 
     First of all it makes the worker exit once ``owner_pid`` (the training process) has exited
-    (:mod:`asyncloader._orphans`). It also makes malloc keep a batch's freed samples for the
-    next batch (:func:`asyncloader._malloc.keep_freed_memory`).
+    (:mod:`asyncloader._orphans`; ``None``: the worker's lifetime is someone else's, a Ray
+    actor's). It also makes malloc keep a batch's freed samples for the next batch
+    (:func:`asyncloader._malloc.keep_freed_memory`).
     """
-    global _info, _plan, _init_failure
-    watch_parent(owner_pid)
+    global _info, _plan, _init_failure, _sharing
+    if owner_pid is not None:
+        watch_parent(owner_pid)
+    _sharing = share_batches
     seed = base_seed + worker_id
     torch.set_num_threads(1)
     keep_freed_memory()
@@ -154,3 +159,9 @@ def init_failure() -> Failure | None:
 def in_worker() -> bool:
     """The caller runs inside an asyncloader worker process."""
     return _info is not None
+
+
+def shares_batches() -> bool:
+    """A batch made here leaves through shared memory (a worker process of this machine's
+    pool; a Ray actor returns it through Ray's object store instead)."""
+    return _info is not None and _sharing

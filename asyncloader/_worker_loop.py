@@ -37,6 +37,9 @@ from asyncloader.sources import SourceKind
 
 #: What :meth:`WorkerCore.next_stream` answers once the worker's iteration has ended.
 END = "end"
+#: What it answers for an iteration it never opened: a worker restarted since (a Ray actor
+#: with ``max_restarts``) has lost its place in the source.
+LOST = "lost"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,14 +65,14 @@ class StreamOpen:
 
 
 class _Stream:
-    __slots__ = ("ended", "iterator", "lock", "opening", "token")
+    __slots__ = ("ended", "iterator", "next", "opening", "turn")
 
     def __init__(self, opening: StreamOpen) -> None:
-        self.token = opening.token
-        self.opening: StreamOpen | None = opening
+        self.opening: StreamOpen | None = opening  # until the iteration is opened
         self.iterator: Any = None
         self.ended = False
-        self.lock = asyncio.Lock()  # FIFO: requests are served in the order they came
+        self.next = opening.delivered  # the number of the next batch to make
+        self.turn = asyncio.Condition()  # requests are served by number, whatever their order
 
 
 class WorkerCore:
@@ -135,32 +138,43 @@ class WorkerCore:
         run = self._runner(self._run_plan, seeds)
         return await fetch_then_run(self._fetcher, run, seq, indices, samples)
 
-    def open_stream(self, opening: StreamOpen) -> None:
-        """Starts (lazily, at the first :meth:`next_stream`) this worker's iteration of the
-        epoch ``opening.token``; an older one of this worker is dropped."""
-        self._streams = {opening.token: _Stream(opening)}
-
-    async def next_stream(self, token: int, number: int) -> Any:
-        """Batch ``number`` of this worker's iteration: ``(indices, batch, state)``, where
-        ``state`` is the source's own state after it (``None`` when it keeps none), or
-        :data:`END`. ``indices`` are offsets in the worker's own stream."""
-        stream = self._streams.get(token)
+    async def next_stream(self, opening: StreamOpen, number: int) -> Any:
+        """Batch ``number`` of this worker's iteration of epoch ``opening.token`` (opened by
+        its first request; an older epoch's is dropped then): ``(indices, batch, state)``,
+        where ``state`` is the source's own state after it (``None`` when it keeps none), or
+        :data:`END`, or :data:`LOST` when this worker cannot make that batch (restarted since
+        its iteration began). ``indices`` are offsets in the worker's own stream. Requests are
+        served in the order of their numbers, whatever order they arrive in."""
+        stream = self._streams.get(opening.token)
         if stream is None:
-            return END
-        async with stream.lock:
-            if (failed := init_failure()) is not None:
-                return None, failed, None
-            if stream.opening is not None:
-                opening, stream.opening = stream.opening, None
-                try:
-                    stream.iterator = await self._open(opening)
-                except Exception as exc:
-                    stream.ended = True
-                    return range(0), self._stream_failure(exc, "fetch", number, range(0)), None
-                for replayed in range(opening.delivered if opening.state is None else 0):
-                    if await self._pull(stream, replayed) is END:
-                        break
-            return await self._pull(stream, number)
+            if number != opening.delivered:
+                return LOST
+            stream = _Stream(opening)
+            self._streams = {opening.token: stream}
+        async with stream.turn:
+            if number < stream.next:
+                return LOST
+            await stream.turn.wait_for(lambda: stream.next == number)
+            try:
+                return await self._next(stream, number)
+            finally:
+                stream.next += 1
+                stream.turn.notify_all()
+
+    async def _next(self, stream: _Stream, number: int) -> Any:
+        if (failed := init_failure()) is not None:
+            return None, failed, None
+        if stream.opening is not None:
+            opening, stream.opening = stream.opening, None
+            try:
+                stream.iterator = await self._open(opening)
+            except Exception as exc:
+                stream.ended = True
+                return range(0), self._stream_failure(exc, "fetch", number, range(0)), None
+            for replayed in range(opening.delivered if opening.state is None else 0):
+                if await self._pull(stream, replayed) is END:
+                    break
+        return await self._pull(stream, number)
 
     async def _open(self, opening: StreamOpen) -> Any:
         seed_stream(opening.seed)
@@ -252,7 +266,7 @@ def serve(
     """Main function of a :class:`~asyncloader._procs.WorkerGroup` worker process.
 
     Messages in (tuples over ``conn``): ``("batch", key, seq, indices, samples, seeds)``,
-    ``("open", StreamOpen)``, ``("next", key, token, number)``, ``("stop",)``. Messages out:
+    ``("next", key, StreamOpen, number)``, ``("stop",)``. Messages out:
     ``("ready", init_failure)`` once, then per request ``("done", key)`` followed by the
     pickled result as bytes, under the key the request came with. A closed pipe is a stop.
     """
@@ -301,12 +315,12 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
             result = Failure.capture(exc, "worker", seq, indices)
         reply(key, seq, result, indices)
 
-    async def answer_next(key: Any, token: int, number: int) -> None:
+    async def answer_next(key: Any, opening: StreamOpen, number: int) -> None:
         try:
-            result = await core.next_stream(token, number)
+            result = await core.next_stream(opening, number)
         except Exception as exc:  # asyncloader's own bug: still answer, never hang
             result = (range(0), Failure.capture(exc, "worker", number, range(0)), None)
-        reply(key, number, result, result[0] if result is not END else ())
+        reply(key, number, result, result[0] if isinstance(result, tuple) else ())
 
     try:
         while True:
@@ -316,8 +330,6 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
                 return
             if op == "batch":
                 core.spawn(answer_batch(*message[1:]), name=f"batch:{message[2]}")
-            elif op == "open":
-                core.open_stream(message[1])
             elif op == "next":
                 core.spawn(answer_next(*message[1:]), name=f"next:{message[3]}")
     finally:

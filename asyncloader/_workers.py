@@ -82,7 +82,8 @@ class Workers:
 
     def __init__(self, options: Options) -> None:
         self._options = options
-        prestart(options.num_workers, options.mp_context)
+        if options.engine is None:
+            prestart(options.num_workers, options.mp_context)
         self._lock = threading.Lock()
         self._pool: Pool | None = None  # the persistent pool
         self._persistent_seed: int | None = None
@@ -100,7 +101,12 @@ class Workers:
             if self._persistent_seed is None:
                 self._persistent_seed = epoch_seed
             base_seed = self._persistent_seed
-        fork_now = options.mp_context is None and fork_is_safe() and _FORK is not None
+        fork_now = (
+            options.engine is None
+            and options.mp_context is None
+            and fork_is_safe()
+            and _FORK is not None
+        )
         pool, owned = self._pool_for(base_seed, _FORK if fork_now else None)
         if not fork_now:
             return WorkerLease(pool, owned, started=False)
@@ -116,13 +122,19 @@ class Workers:
         """A new pool owned by the epoch, or the persistent one (replaced when broken)."""
         options = self._options
         plan = BatchPlan.of(options)
-        kind: type[Pool] = WorkerGroup if options.fetch_in_workers else ProcessPool
+
+        def new() -> Pool:
+            if options.engine is not None:
+                return options.engine.bind(options, plan, base_seed)
+            kind = WorkerGroup if options.fetch_in_workers else ProcessPool
+            return kind(options, plan, base_seed, ctx)
+
         if not options.persistent_workers:
-            return kind(options, plan, base_seed, ctx), True
+            return new(), True
         with self._lock:
             stale = self._pool if self._pool is not None and self._pool.broken else None
             if self._pool is None or stale is not None:
-                self._pool = kind(options, plan, base_seed, ctx)
+                self._pool = new()
             pool = self._pool
         if stale is not None:
             stale.shutdown()  # already dead workers: quick

@@ -97,6 +97,10 @@ class AsyncLoader(Generic[T_co]):
         transform: Picklable ``fn(sample) -> sample``, run in the executor before collate.
         executor: Any ``concurrent.futures.Executor`` to use instead of asyncloader's pool
             (exclusive with num_workers; size the window with ``prefetch``).
+        engine: Where the workers run instead of this machine's processes:
+            ``asyncloader.ray.RayEngine(num_workers=N, **actor_options)`` runs them as Ray
+            actors on the connected cluster. Its ``num_workers`` is the loader's; the workers
+            fetch as with ``fetch_in_workers``. Exclusive with ``executor``.
         io_concurrency: Samples at most being fetched at once: on the event loop, or in
             total across the workers with ``fetch_in_workers``.
         fetch_in_workers: Fetch in the workers too (needs ``num_workers > 0``): each worker
@@ -170,6 +174,7 @@ class AsyncLoader(Generic[T_co]):
         in_order: bool = True,
         transform: Callable[[Any], Any] | None = None,
         executor: Executor | None = None,
+        engine: Any = None,
         io_concurrency: int = 64,
         fetch_in_workers: bool = False,
         fetch_threads: int = 1,
@@ -189,7 +194,7 @@ class AsyncLoader(Generic[T_co]):
             dataset=dataset,
             batch_size=batch_size, shuffle=shuffle, sampler=sampler,
             batch_sampler=batch_sampler, drop_last=drop_last, collate_fn=collate_fn,
-            transform=transform, num_workers=num_workers, executor=executor,
+            transform=transform, num_workers=num_workers, executor=executor, engine=engine,
             io_concurrency=io_concurrency, fetch_in_workers=fetch_in_workers,
             fetch_threads=fetch_threads, prefetch=prefetch,
             in_order=in_order, pin_memory=pin_memory, pin_memory_device=pin_memory_device,

@@ -62,14 +62,14 @@ def test_a_get_worker_info_sharded_iterable_comes_as_from_dataloader():
     assert len(ours) == 5
 
 
+class Whole(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(6))
+
+
 def test_an_unsharded_iterable_is_iterated_by_every_worker():
     """DataLoader's semantics, duplicates included: each worker iterates its own copy, so a
     source that does not shard itself is yielded once per worker."""
-
-    class Whole(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter(range(6))
-
     got = [int(x) for batch in AsyncLoader(Whole(), batch_size=3, **IN_WORKERS) for x in batch]
     assert got == [0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5]
 
@@ -89,18 +89,18 @@ def test_an_error_in_a_workers_iteration_keeps_its_type_and_names_the_worker(mod
     assert "raise CodedError" in str(errors[0].__cause__), "the worker's traceback"
 
 
+class Broken:
+    def __len__(self):
+        return 8
+
+    async def __getitem__(self, index):
+        if index == 5:
+            raise CodedError("no such object", code=404)
+        return index
+
+
 def test_a_fetch_error_names_stage_batch_and_index():
     """An async __getitem__ raising in a worker: the user's type, with stage, batch, index."""
-
-    class Broken:
-        def __len__(self):
-            return 8
-
-        async def __getitem__(self, index):
-            if index == 5:
-                raise CodedError("no such object", code=404)
-            return index
-
     got, errors = steps(AsyncLoader(Broken(), batch_size=4, **IN_WORKERS))
     assert [b.tolist() for b in got] == [[0, 1, 2, 3]]
     assert len(errors) == 1 and errors[0].code == 404

@@ -1,0 +1,172 @@
+"""RayEngine (issue 16, item 3): the worker pipeline in Ray actors, with the same contracts.
+
+One local Ray cluster (``ray.init(num_cpus=2)``) serves this module and is shut down after it,
+so that later modules start in a process without Ray's threads. Each loader here starts its
+own two actors (about a second each on 2 cores); the contract checkers run over the kinds of
+source whose code paths differ (sync and async map-style, HTTP with a client per actor, sync
+and async iterables, sharded tar streams).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from asyncloader import AsyncLoader  # noqa: E402
+from asyncloader.errors import WorkerCrashedError  # noqa: E402
+from asyncloader.ray import RayEngine  # noqa: E402
+from tests.helpers import CodedError, DieAt, SyncSource, indices_of  # noqa: E402
+from tests.helpers.contracts import (  # noqa: E402
+    check_exactly_once,
+    check_order,
+    check_resume,
+    epoch,
+    steps,
+)
+from tests.test_contracts import (  # noqa: E402, F401  (fixtures used by the kinds)
+    KINDS,
+    WORKER_RESUME_POINTS,
+    contract_files,
+    contract_http,
+    expected,
+    key_of,
+    loader,
+)
+from tests.test_contracts import sources as sources  # noqa: E402  (a fixture)
+
+pytestmark = pytest.mark.timeout(240)
+
+RAY_KINDS = [
+    k
+    for k in KINDS
+    if k.name in ("sync-map", "async-map", "http", "sync-iterable", "async-iterable", "sharded-tar")
+]
+#: What the order of a Ray loader's samples is computed as: 2 workers iterating their parts.
+AS_IN_WORKERS = {"num_workers": 2, "fetch_in_workers": True}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    """A local 2-CPU Ray cluster for this module (no dashboard), shut down after it."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def by_ray_kind(fn):
+    return pytest.mark.parametrize("kind", RAY_KINDS, ids=[k.name for k in RAY_KINDS])(fn)
+
+
+def all_cpus_free(within_s: float = 10.0) -> bool:
+    """Every CPU of the cluster is free again (the actors are gone), within ``within_s``:
+    Ray's control store learns of an exit a moment after it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        if ray.available_resources().get("CPU", 0) == ray.cluster_resources().get("CPU"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+@by_ray_kind
+def test_order_on_ray(kind, sources):
+    batches = epoch(loader(kind, sources, engine=RayEngine(2)), key_of(kind))
+    check_order(batches, expected(kind, sources, AS_IN_WORKERS))
+    assert all_cpus_free(), "the epoch's actors were not released"
+
+
+RESUME_KINDS = [k for k in RAY_KINDS if k.name in ("sync-map", "async-iterable", "sharded-tar")]
+
+
+@pytest.mark.parametrize("kind", RESUME_KINDS, ids=[k.name for k in RESUME_KINDS])
+def test_resume_on_ray(kind, sources):
+    """Stopped mid-epoch on one pair of actors, resumed on another: the same batches follow."""
+    check_resume(
+        lambda: loader(kind, sources, engine=RayEngine(2)), WORKER_RESUME_POINTS, key=key_of(kind)
+    )
+
+
+def test_persistent_actors_serve_every_epoch_and_free_their_cpus_on_close():
+    made = AsyncLoader(
+        SyncSource(40), batch_size=4, shuffle=True, engine=RayEngine(2), persistent_workers=True
+    )
+    try:
+        for _ in range(2):
+            check_exactly_once([indices_of(made)], range(40))
+            assert not all_cpus_free(0), "persistent actors hold their CPUs between epochs"
+    finally:
+        made.close()
+    assert all_cpus_free()
+
+
+def raise_on_seven(x):
+    if int(x[0]) == 7:
+        raise CodedError("bad sample", code=7)
+    return x
+
+
+def test_a_transform_error_in_an_actor_keeps_its_type_note_and_traceback():
+    got, errors = steps(
+        AsyncLoader(SyncSource(12), batch_size=4, transform=raise_on_seven, engine=RayEngine(2))
+    )
+    assert indices_of(got) == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert len(errors) == 1 and errors[0].code == 7
+    assert "stage=transform batch=1 index=7" in "\n".join(errors[0].__notes__)
+    assert "raise_on_seven" in str(errors[0].__cause__), "the actor's traceback"
+
+
+def test_a_dead_actor_raises_worker_crashed_error_naming_it():
+    with tempfile.TemporaryDirectory() as folder:
+        die = DieAt(9, "exit", str(Path(folder) / "died"))
+        made = AsyncLoader(SyncSource(40), batch_size=4, transform=die, engine=RayEngine(2))
+        with pytest.raises(WorkerCrashedError, match=r"Ray actor \d died while running .*batch 2"):
+            indices_of(made)
+    assert all_cpus_free()
+
+
+def test_with_max_restarts_a_dead_actor_is_replaced_and_its_batches_come_once():
+    """Ray restarts the actor and retries its unfinished batches: every sample once, in order."""
+    with tempfile.TemporaryDirectory() as folder:
+        die = DieAt(9, "exit", str(Path(folder) / "died"))
+        engine = RayEngine(2, max_restarts=1, max_task_retries=2)
+        made = AsyncLoader(SyncSource(40), batch_size=4, transform=die, engine=engine)
+        assert indices_of(made) == list(range(40))
+        assert (Path(folder) / "died").exists(), "no actor died: the test tested nothing"
+
+
+def test_batches_are_writable_and_do_not_alias_the_object_store():
+    made = AsyncLoader(
+        SyncSource(8), batch_size=4, collate_fn=np.stack, engine=RayEngine(2),
+        persistent_workers=True,
+    )  # fmt: skip
+    try:
+        first = next(iter(made))
+        assert isinstance(first, np.ndarray) and first.flags.writeable
+        first[:] = -1
+        assert indices_of(made)[:4] == [0, 1, 2, 3]
+    finally:
+        made.close()
+
+
+def test_engine_arguments_are_checked():
+    with pytest.raises(ValueError, match="engine and executor are exclusive"):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            AsyncLoader(SyncSource(4), engine=RayEngine(2), executor=pool)
+    with pytest.raises(ValueError, match="num_workers=3 and engine"):
+        AsyncLoader(SyncSource(4), engine=RayEngine(2), num_workers=3)
+    with pytest.raises(TypeError, match="engine must be a worker engine"):
+        AsyncLoader(SyncSource(4), engine="ray")
+    with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
+        RayEngine(0)
+    assert AsyncLoader(SyncSource(4), engine=RayEngine(3)).num_workers == 3
