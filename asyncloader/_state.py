@@ -72,6 +72,18 @@ def fresh_state(num_workers: int) -> dict[str, Any]:
     }
 
 
+def next_epoch_state(final: dict[str, Any] | None, num_workers: int) -> dict[str, Any]:
+    """The start of the epoch after one whose workers iterated their own copies and ended
+    with ``final`` (their merge state after the last batch): each worker's dataset goes on
+    from its own state then, its iteration from the start."""
+    start = fresh_state(num_workers)
+    for worker, ended in zip(start["per_worker"], (final or start)["per_worker"], strict=True):
+        dataset = (ended["state"] or {}).get("dataset")
+        if dataset is not None:
+            worker["state"] = {"dataset": dataset, "iterator": None}
+    return start
+
+
 def warn_replayed(dataset: Any, batches: int) -> None:
     """A stateless iterable source resumed mid-epoch is replayed from its start."""
     warnings.warn(

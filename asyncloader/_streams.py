@@ -30,7 +30,7 @@ from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
 from asyncloader._state import fresh_state
-from asyncloader._worker_loop import END, LOST, StreamOpen
+from asyncloader._worker_loop import LOST, Ended, StreamOpen
 from asyncloader.errors import WorkerCrashedError
 
 
@@ -77,8 +77,9 @@ async def worker_stream_batches(
                     f"worker {w} has lost its iteration of the source (it was restarted): the "
                     "epoch cannot go on exactly once. Resume from the last state_dict()."
                 )
-            if answer == END:
+            if isinstance(answer, Ended):
                 workers[w]["ended"] = True
+                workers[w]["state"] = answer.state
                 for future in ahead[w]:
                     future.cancel()
                 ahead[w].clear()
@@ -91,6 +92,8 @@ async def worker_stream_batches(
             progress.source_state_before(seq + 1, {"per_worker": copy.deepcopy(workers), "next": w})
             yield seq, indices, Made(result)
             seq += 1
+        # After the last batch: every worker's final state, which the next epoch starts from.
+        progress.source_state_before(seq, {"per_worker": copy.deepcopy(workers), "next": w})
     finally:
         for queue in ahead:
             for future in queue:

@@ -35,8 +35,16 @@ from asyncloader._threads import loader_threads, new_event_loop
 from asyncloader._worker import init_failure, setup_worker
 from asyncloader.sources import SourceKind
 
-#: What :meth:`WorkerCore.next_stream` answers once the worker's iteration has ended.
-END = "end"
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ended:
+    """What :meth:`WorkerCore.next_stream` answers once the worker's iteration has ended,
+    with the source's own state then (``None`` when it keeps none): a dataset that counts
+    its epochs, say, goes on from there in the next epoch of a resumed loader."""
+
+    state: Any
+
+
 #: What it answers for an iteration it never opened: a worker restarted since (a Ray actor
 #: with ``max_restarts``) has lost its place in the source.
 LOST = "lost"
@@ -70,7 +78,7 @@ class _Stream:
     def __init__(self, opening: StreamOpen) -> None:
         self.opening: StreamOpen | None = opening  # until the iteration is opened
         self.iterator: Any = None
-        self.ended = False
+        self.ended: Ended | None = None
         self.next = opening.delivered  # the number of the next batch to make
         self.turn = asyncio.Condition()  # requests are served by number, whatever their order
 
@@ -142,7 +150,7 @@ class WorkerCore:
         """Batch ``number`` of this worker's iteration of epoch ``opening.token`` (opened by
         its first request; an older epoch's is dropped then): ``(indices, batch, state)``,
         where ``state`` is the source's own state after it (``None`` when it keeps none), or
-        :data:`END`, or :data:`LOST` when this worker cannot make that batch (restarted since
+        :class:`Ended`, or :data:`LOST` when this worker cannot make that batch (restarted since
         its iteration began). ``indices`` are offsets in the worker's own stream. Requests are
         served in the order of their numbers, whatever order they arrive in."""
         stream = self._streams.get(opening.token)
@@ -169,10 +177,10 @@ class WorkerCore:
             try:
                 stream.iterator = await self._open(opening)
             except Exception as exc:
-                stream.ended = True
+                stream.ended = Ended(None)
                 return range(0), self._stream_failure(exc, "fetch", number, range(0)), None
             for replayed in range(opening.delivered if opening.state is None else 0):
-                if await self._pull(stream, replayed) is END:
+                if isinstance(await self._pull(stream, replayed), Ended):
                     break
         return await self._pull(stream, number)
 
@@ -197,8 +205,8 @@ class WorkerCore:
         return self._config.kind is SourceKind.ASYNC_ITERABLE
 
     async def _pull(self, stream: _Stream, number: int) -> Any:
-        if stream.ended:
-            return END
+        if stream.ended is not None:
+            return stream.ended
         config, dataset, iterator = self._config, self._plan.dataset, stream.iterator
         size = config.batch_size or 1
         offsets = range(number * size, (number + 1) * size)
@@ -213,8 +221,8 @@ class WorkerCore:
         except Exception as exc:
             return offsets, self._stream_failure(exc, "fetch", number, offsets), None
         if not samples or (config.drop_last and len(samples) < size):
-            stream.ended = True
-            return END
+            stream.ended = Ended(state)
+            return stream.ended
         offsets = offsets[: len(samples)]
         result = await self._runner(self._run_plan, None)(number, offsets, samples)
         if isinstance(result, Failure):
@@ -320,7 +328,7 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
             result = await core.next_stream(opening, number)
         except Exception as exc:  # asyncloader's own bug: still answer, never hang
             result = (range(0), Failure.capture(exc, "worker", number, range(0)), None)
-        reply(key, number, result, result[0] if isinstance(result, tuple) else ())
+        reply(key, number, result, result[0] if type(result) is tuple else ())
 
     try:
         while True:

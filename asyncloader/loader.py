@@ -19,7 +19,14 @@ from asyncloader._epoch import Epoch
 from asyncloader._options import Options
 from asyncloader._skip import SKIP_LOG_LENGTH
 from asyncloader._start import capture_rng, start_epoch
-from asyncloader._state import STATE_VERSION, check_state, encode_rng, fingerprint, source_state
+from asyncloader._state import (
+    STATE_VERSION,
+    check_state,
+    encode_rng,
+    fingerprint,
+    next_epoch_state,
+    source_state,
+)
 from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
 from asyncloader._threads import keep_torch_threads, run_in_thread, unsafe_to_wait
@@ -189,7 +196,7 @@ class AsyncLoader(Generic[T_co]):
         prefetch, mp_context = dataloader_spellings(
             num_workers, prefetch, prefetch_factor, mp_context, multiprocessing_context
         )
-        check_int("snapshot_every_n_steps", snapshot_every_n_steps, 1)
+        check_int("snapshot_every_n_steps", snapshot_every_n_steps, 0)
         self._options = Options(
             dataset=dataset,
             batch_size=batch_size, shuffle=shuffle, sampler=sampler,
@@ -312,11 +319,18 @@ class AsyncLoader(Generic[T_co]):
                 "rng": encode_rng(("next_global" if kind == "global" else kind, rng)),
                 "next_batch": 0,
                 "delivered_beyond": [],
-                "source_state": (
-                    source_state(options.dataset) if self._dataset_keeps_state else None
-                ),
+                "source_state": self._next_source_state(),
             }
         return {"version": STATE_VERSION, **fingerprint(options), **position}
+
+    def _next_source_state(self) -> Any:
+        """The source's own state for the next epoch: the dataset's (the workers' copies',
+        when each iterates its own), or ``None`` when it keeps none."""
+        options = self._options
+        if options.worker_streams:
+            last = self._last.progress.checkpoint()["source_state"] if self._last else None
+            return next_epoch_state(last, options.num_workers)
+        return source_state(options.dataset) if self._dataset_keeps_state else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next iteration continue exactly where ``state`` was saved.

@@ -240,7 +240,7 @@ def test_more_workers_than_cores_warn_as_dataloader_does(monkeypatch):
         (dict(fetch_threads=2.0), TypeError, "fetch_threads must be an int"),
         (dict(pin_memory_device=3), TypeError, "pin_memory_device must be a str"),
         (dict(num_workers=1, prefetch_factor=0), ValueError, "prefetch_factor=0 must be >= 1"),
-        (dict(snapshot_every_n_steps=0), ValueError, "snapshot_every_n_steps=0 must be >= 1"),
+        (dict(snapshot_every_n_steps=-1), ValueError, "snapshot_every_n_steps=-1 must be >= 0"),
     ],
 )
 def test_new_arguments_are_checked(kw, error, match):

@@ -23,7 +23,7 @@ from asyncloader import AsyncLoader
 from asyncloader.errors import WorkerCrashedError
 from tests.helpers import CodedError, DieAt, IterSource, SyncSource, indices_of
 from tests.helpers.contracts import epoch, steps
-from tests.helpers.sources import InFlight, RaisingStream, UnevenStream
+from tests.helpers.sources import EpochCounting, InFlight, RaisingStream, UnevenStream
 
 IN_WORKERS = dict(num_workers=2, fetch_in_workers=True)
 
@@ -165,3 +165,31 @@ def test_a_position_in_the_workers_iterations_needs_the_same_placement_and_worke
     single = _stopped_after(AsyncLoader(IterSource(40), batch_size=4), 3)
     with pytest.raises(ValueError, match="fetch_in_workers=False, this loader has"):
         AsyncLoader(IterSource(40), batch_size=4, **IN_WORKERS).load_state_dict(single)
+
+
+def test_between_epochs_each_workers_dataset_state_carries_over():
+    """Persistent workers' copies count their epochs; a state_dict() taken between epochs
+    holds each worker's count, so a new loader's next epoch is the one that would have come."""
+
+    def made() -> AsyncLoader:
+        source = EpochCounting(10)
+        return AsyncLoader(source, batch_size=None, persistent_workers=True, **IN_WORKERS)
+
+    first = made()
+    try:
+        assert {epoch for _, epoch in epoch_of(first)} == {0}
+        state = json.loads(json.dumps(first.state_dict()))
+        expected = epoch_of(first)
+        assert {epoch for _, epoch in expected} == {1}
+    finally:
+        first.close()
+    second = made()
+    try:
+        second.load_state_dict(state)
+        assert epoch_of(second) == expected
+    finally:
+        second.close()
+
+
+def epoch_of(loader: AsyncLoader) -> list[tuple[int, int]]:
+    return [(int(i), int(e)) for i, e in loader]

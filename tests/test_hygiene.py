@@ -165,6 +165,9 @@ START_PATHS = {
     "main-thread-fork": ("main", "default"),
     "other-thread-forkserver": ("thread", "default"),
     "other-thread-mp_context=fork": ("thread", "fork"),
+    # The fetching workers (fetch_in_workers=True), forked and from the fork server.
+    "fetch-in-workers-fork": ("main", "default", "fetch-in-workers"),
+    "fetch-in-workers-forkserver": ("thread", "default", "fetch-in-workers"),
 }
 
 
@@ -184,7 +187,7 @@ def test_workers_exit_within_seconds_of_the_training_process_death(
         family = psutil.Process(child.proc.pid).children(recursive=True)
         assert len(family) >= 2, f"expected 2 workers at least, found {describe(family)}"
         ours = shm_used_by([child.proc.pid, *(proc.pid for proc in family)]) - shm_before
-        if START_PATHS[path][1] == "default" and START_PATHS[path][0] == "thread":
+        if START_PATHS[path][:2] == ("thread", "default") and len(START_PATHS[path]) == 2:
             assert ours, "the fork server's workers map the pool's named semaphores"
         exits = Exits(family)
         try:

@@ -19,14 +19,6 @@ _SD = "test_state_dict.py::"
 #: The reasons, each a documented difference (README, "Compatibility").
 PRIVATE = "reads DataLoader's private attributes ({})"
 STATE_FORMAT = "reads StatefulDataLoader's own state format (_snapshot, dataset_state keys)"
-PER_WORKER_ITERABLE = (
-    "an IterableDataset runs once, in the training process, not once per worker "
-    "(get_worker_info() is None there): fetch_in_workers=True is issue 16"
-)
-GLOBAL_RNG_ITERABLE = (
-    "an iterable drawing from torch's global RNG in __next__ is pulled in the training "
-    "process, sharing that RNG: fetch_in_workers=True (issue 16) runs it in the workers"
-)
 PREFETCHED_GETITEM = (
     "num_workers=0: __getitem__ runs ahead of the consumer in a loader thread, so its draws "
     "from torch's global RNG are not where a checkpoint is taken (use workers or seed_per_sample)"
@@ -40,9 +32,11 @@ EXPECTED_FAILURES: dict[str, str] = {
         for test, reason in {
             "test_bulk_loading_nobatch": PRIVATE.format("_auto_collation"),
             "test_partial_workers": PRIVATE.format("the iterator's _workers"),
-            "test_iterable_style_dataset": PER_WORKER_ITERABLE,
-            "test_multi_epochs_reproducibility": PER_WORKER_ITERABLE,
-            "test_multiprocessing_iterdatapipe": f"{DATAPIPES}; {PER_WORKER_ITERABLE}",
+            "test_iterable_style_dataset": (
+                "expects DataLoader's warning once an IterableDataset yields more than its "
+                f"len(), which asyncloader does not give; then {PRIVATE.format('_workers')}"
+            ),
+            "test_multiprocessing_iterdatapipe": DATAPIPES,
         }.items()
     },
     f"{_DL}IntegrationTestDataLoaderDataPipe::test_shuffler_iterdatapipe": (
@@ -52,7 +46,6 @@ EXPECTED_FAILURES: dict[str, str] = {
         "batch i goes to whichever worker is free, not to worker i % num_workers (deliberate: "
         "a slow batch never holds up the batches queued behind it on its worker)"
     ),
-    f"{_SD}TestSnapshotEnd_shard2::test_iterable": GLOBAL_RNG_ITERABLE,
     f"{_SD}TestNumWorkersMismatch_shard3::test_num_workers_mismatch": (
         "num_workers may change between save and resume (deliberate; StatefulDataLoader "
         "raises AssertionError)"
@@ -70,7 +63,7 @@ EXPECTED_FAILURES: dict[str, str] = {
         for test in ("test_inline", "test_inline_iter", "test_mp", "test_mp_iter")
     },
     **{
-        f"{_SD}TestOutOfOrderWithCheckpointing::{test}": PER_WORKER_ITERABLE
+        f"{_SD}TestOutOfOrderWithCheckpointing::{test}": STATE_FORMAT
         for test in (
             "test_out_of_order_iterable_ds_no_completed_workers",
             "test_out_of_order_iterable_ds_one_completed_worker",
@@ -85,10 +78,6 @@ PARTLY_FAILING: dict[str, str] = {
         f"its num_workers=0 subtests: {PREFETCHED_GETITEM} (the num_workers=3 ones pass)"
     ),
     f"{_SD}TestSnapshotZero_shard2::test_map_iterrupted_shuffle": PREFETCHED_GETITEM + TIMING,
-    **{
-        f"{_SD}TestFastStateDictRequest_shard3::{test}": GLOBAL_RNG_ITERABLE + TIMING
-        for test in ("test_fast_state_dict_request", "test_fast_state_dict_request_skip_steps")
-    },
 }
 
 FAILS_WITH_DATALOADER: dict[str, str] = {

@@ -6,7 +6,9 @@ DataLoader words them name the class the test instantiated, as DataLoader's do).
 ASYNCLOADER_COMPAT_TARGET=upstream: they stay torch's DataLoader and torchdata's
 StatefulDataLoader (the baseline).
 
-No argument is adapted: AsyncLoader takes DataLoader's and StatefulDataLoader's signatures.
+AsyncLoader takes DataLoader's and StatefulDataLoader's signatures. One argument is added: an
+``IterableDataset`` with workers gets ``fetch_in_workers=True``, DataLoader's placement for it
+(each worker iterates its own copy), which AsyncLoader keeps opt-in (README, Compatibility).
 """
 
 from __future__ import annotations
@@ -19,12 +21,24 @@ T_co = TypeVar("T_co", covariant=True)
 TARGET = os.environ.get("ASYNCLOADER_COMPAT_TARGET", "asyncloader")
 
 if TARGET == "asyncloader":
+    from torch.utils.data import IterableDataset
+
     from asyncloader import AsyncLoader
 
-    class DataLoader(AsyncLoader[T_co]):
+    class _DataLoaderPlacement(AsyncLoader[T_co]):
+        """AsyncLoader, iterating an IterableDataset in each worker as DataLoader does."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            dataset = args[0] if args else kwargs.get("dataset")
+            workers = args[5] if len(args) > 5 else kwargs.get("num_workers", 0)
+            if isinstance(dataset, IterableDataset) and workers:
+                kwargs.setdefault("fetch_in_workers", True)
+            super().__init__(*args, **kwargs)
+
+    class DataLoader(_DataLoaderPlacement[T_co]):
         """AsyncLoader, by DataLoader's name."""
 
-    class StatefulDataLoader(AsyncLoader[T_co]):
+    class StatefulDataLoader(_DataLoaderPlacement[T_co]):
         """AsyncLoader, by StatefulDataLoader's name."""
 
     SWAP: dict[str, Any] = {"DataLoader": DataLoader, "StatefulDataLoader": StatefulDataLoader}

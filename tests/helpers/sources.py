@@ -383,3 +383,23 @@ class RaisingStream(IterableDataset):
     def __iter__(self):
         yield from range(3)
         raise CodedError("the stream broke", code=7)
+
+
+class EpochCounting(IterableDataset):
+    """Worker ``w`` of ``k`` yields ``(i, epoch)`` for its ``i % k == w`` of ``range(n)``, then
+    counts an epoch; ``state_dict()`` holds the count (the dataset's own state)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        yield from ((i, self.epoch) for i in range(first, self.n, step))
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = state["epoch"]

@@ -1,9 +1,10 @@
 """A training process that tests/test_hygiene.py kills: it iterates an AsyncLoader with 2
 workers over a million slow samples and prints "ready" once it has its first batch.
 
-``python train_forever.py {main,thread} {default,fork}``: iterate in the main thread (where
-asyncloader forks its workers) or in another thread (where it uses the fork server, unless
-``mp_context="fork"`` is asked for with ``fork``).
+``python train_forever.py {main,thread} {default,fork} [fetch-in-workers]``: iterate in the
+main thread (where asyncloader forks its workers) or in another thread (where it uses the fork
+server, unless ``mp_context="fork"`` is asked for with ``fork``); ``fetch-in-workers``: with
+``fetch_in_workers=True`` (the workers of asyncloader._procs).
 """
 
 import sys
@@ -13,8 +14,11 @@ from asyncloader import AsyncLoader
 from tests.helpers import SyncSource
 
 
-def train(mp_context: str | None) -> None:
-    loader = AsyncLoader(SyncSource(10**6), batch_size=4, num_workers=2, mp_context=mp_context)
+def train(mp_context: str | None, fetch_in_workers: bool = False) -> None:
+    loader = AsyncLoader(
+        SyncSource(10**6), batch_size=4, num_workers=2, mp_context=mp_context,
+        fetch_in_workers=fetch_in_workers,
+    )  # fmt: skip
     for k, _ in enumerate(loader):
         if k == 0:
             print("ready", flush=True)
@@ -23,9 +27,10 @@ def train(mp_context: str | None) -> None:
 if __name__ == "__main__":
     where, start = sys.argv[1:3]
     mp_context = None if start == "default" else start
+    in_workers = sys.argv[3:] == ["fetch-in-workers"]
     if where == "main":
-        train(mp_context)
+        train(mp_context, in_workers)
     else:
-        thread = threading.Thread(target=train, args=(mp_context,), name="trainer")
+        thread = threading.Thread(target=train, args=(mp_context, in_workers), name="trainer")
         thread.start()
         thread.join()

@@ -1,0 +1,129 @@
+"""RayEngine against the local worker processes and against Ray Data (issue 16, item 3).
+
+Each run is a fresh process that starts its own Ray instance first when it needs one
+(``ray.init(num_cpus=2)``, before the clock), then runs two epochs of one loader with
+persistent workers: the first epoch includes starting the workers (processes, or actors),
+the second is the steady state. Every delivered batch is checked
+(:class:`benchmarks.checks.Checker`). Loaders:
+
+- ``cpu``, the benchmark's cpu workload (1024-float samples in memory, a ~1.5 ms pure-Python
+  ``transform``, batches of 32): ``local pool`` is ``num_workers=2``; ``ray`` is
+  ``engine=RayEngine(2)``; ``ray data`` is ``ray.data.range(n).map_batches(...)`` making and
+  burning the same samples, read with ``iter_torch_batches(batch_size=32)``.
+- ``io``, 20 ms per sample (``async def __getitem__``), ``io_concurrency=1024``, batches of 32:
+  ``local pool`` is ``num_workers=2, fetch_in_workers=True``; ``ray`` is ``RayEngine(2)``.
+
+``python -m benchmarks.probes.ray_engine [--reps 3] [--json PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+from benchmarks import side_by_side
+
+CASES = {
+    "cpu": ("local pool", "ray", "ray data"),
+    "io": ("local pool", "ray"),
+}
+ITEMS = {"cpu": 4000, "io": 40_000}
+KEYS = ("first_epoch", "steady")
+
+
+def _asyncloader(workload: str, kind: str, items: int) -> Any:
+    from asyncloader import AsyncLoader
+    from benchmarks.workloads import WORKLOADS, AsyncSleepSource, MemorySource, burn
+
+    batch = WORKLOADS[workload].batch
+    if workload == "cpu":
+        dataset, options = MemorySource(items), {"transform": burn}
+    else:
+        dataset, options = AsyncSleepSource(items), {"io_concurrency": 1024}
+    if kind == "ray":
+        from asyncloader.ray import RayEngine
+
+        options["engine"] = RayEngine(2)
+    else:
+        options["num_workers"] = 2
+        options["fetch_in_workers"] = workload == "io"
+    return AsyncLoader(dataset, batch_size=batch, persistent_workers=True, **options)
+
+
+def _ray_data_epochs(items: int) -> Any:
+    import numpy as np
+    import ray
+
+    from benchmarks.checks import make_sample
+    from benchmarks.workloads import CPU_SHAPE, burn
+
+    def make(batch: dict[str, Any]) -> dict[str, Any]:
+        return {"x": np.stack([burn(make_sample(int(i), CPU_SHAPE)) for i in batch["id"]])}
+
+    dataset = ray.data.range(items).map_batches(make, batch_size=32)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return lambda: (b["x"] for b in dataset.iter_torch_batches(batch_size=32))
+
+
+def _one(workload: str, kind: str) -> dict:
+    from benchmarks.checks import Checker
+    from benchmarks.workloads import WORKLOADS
+
+    items = ITEMS[workload]
+    if kind != "local pool":
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    epochs: list[float] = []
+    if kind == "ray data":
+        epoch_of = _ray_data_epochs(items)
+        close = lambda: None  # noqa: E731
+    else:
+        loader = _asyncloader(workload, kind, items)
+        epoch_of, close = (lambda: iter(loader)), loader.close
+    for _ in range(2):
+        checker = Checker(items, WORKLOADS[workload].shape)
+        t0 = time.perf_counter()
+        for batch in epoch_of():
+            checker.add(batch)
+        epochs.append(items / (time.perf_counter() - t0))
+        checker.verify()
+    close()
+    return {"first_epoch": epochs[0], "steady": epochs[1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", help="also write the medians here")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(_one(*args.one)))
+        return
+    runs = {(w, k): [] for w, kinds in CASES.items() for k in kinds}
+    for _ in range(args.reps):
+        for workload, kind in runs:
+            one = ("benchmarks.probes.ray_engine", "--one", workload, kind)
+            runs[workload, kind].append(side_by_side.in_fresh_process(*one))
+    medians = {
+        f"{w}/{k}": {key: statistics.median(r[key] for r in rs) for key in KEYS}
+        for (w, k), rs in runs.items()
+    }
+    print(f"samples/s, {args.reps} fresh processes each, alternating (medians)")
+    print(f"  {'case':16s} {'first epoch':>11s} {'steady':>9s} {'ratio (steady)':>14s}")
+    for name, m in medians.items():
+        base = medians[name.split("/")[0] + "/local pool"]["steady"]
+        print(
+            f"  {name:16s} {m['first_epoch']:11.0f} {m['steady']:9.0f} {m['steady'] / base:14.2f}"
+        )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"items": ITEMS, "medians": medians}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
