@@ -2,8 +2,10 @@
 
 An epoch submits batches to an engine and awaits their results; it does not know whether they
 run in asyncloader's own worker processes (:class:`asyncloader._pool.ProcessPool`), in a
-user's ``concurrent.futures.Executor`` or in a loader thread (:class:`ExecutorEngine`). A
-further kind of worker (remote actors) implements the same five members.
+user's ``concurrent.futures.Executor`` or in a loader thread (:class:`ExecutorEngine`).
+Workers that fetch and iterate an iterable source themselves (``fetch_in_workers``: the local
+:class:`asyncloader._procs.WorkerGroup`, Ray actors of :mod:`asyncloader.ray`) are a
+:class:`WorkerEngine`: the same members, and the batches of each worker's own iteration.
 """
 
 from __future__ import annotations
@@ -38,6 +40,21 @@ class Engine(Protocol):
 
     def shutdown(self) -> None:
         """Stops the engine and joins what it started. Idempotent; blocking."""
+
+
+class WorkerEngine(Engine, Protocol):
+    """An engine of ``num_workers`` addressable workers that fetch, and iterate an iterable
+    source each (see :mod:`asyncloader._streams`)."""
+
+    num_workers: int
+
+    def new_token(self) -> int:
+        """A token naming one epoch's iteration, new each time."""
+
+    def next_stream(self, worker: int, opening: Any, number: int) -> Future[Any]:
+        """Batch ``number`` of ``worker``'s own iteration of the epoch ``opening``
+        (a :class:`~asyncloader._worker_loop.StreamOpen`) starts: see
+        :meth:`asyncloader._worker_loop.WorkerCore.next_stream`."""
 
 
 class ExecutorEngine:

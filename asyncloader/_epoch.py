@@ -32,13 +32,13 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from asyncloader._batches import Batch, Made, map_batches, stream_batches
 from asyncloader._device import DeviceStage
-from asyncloader._engine import Engine, ExecutorEngine
+from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._failure import Failure, unwrap_group
 from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._options import Options
@@ -310,8 +310,8 @@ class Epoch:
         self, stack: contextlib.AsyncExitStack, engine: Engine
     ) -> AsyncGenerator[Batch, None]:
         options, start = self._options, self.start_info
-        if options.worker_streams:
-            return worker_stream_batches(engine, options, start, self.progress)
+        if options.worker_streams:  # the engine is then a WorkerEngine (Options sees to it)
+            return worker_stream_batches(cast(WorkerEngine, engine), options, start, self.progress)
         if options.kind.is_map:
             assert start.index_iter is not None
             return map_batches(options, start.index_iter, start.resume)

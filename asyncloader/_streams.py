@@ -26,6 +26,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from asyncloader._batches import Batch, Made
+from asyncloader._engine import WorkerEngine
 from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
@@ -35,13 +36,12 @@ from asyncloader.errors import WorkerCrashedError
 
 
 async def worker_stream_batches(
-    engine: Any, options: Options, start: EpochStart, progress: Progress
+    engine: WorkerEngine, options: Options, start: EpochStart, progress: Progress
 ) -> AsyncGenerator[Batch, None]:
     """The epoch's batches, made by the workers' own iterations, round robin.
 
     Args:
-        engine: Has ``num_workers``, ``new_token()`` and
-            ``next_stream(worker, StreamOpen, number) -> Future``.
+        engine: The workers, each iterating its own copy of the source.
         start: The epoch's start; its ``source_state`` holds the merge state to continue.
         progress: Told the merge state before each batch (what ``state_dict()`` saves).
     """

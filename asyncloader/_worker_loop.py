@@ -90,9 +90,14 @@ class WorkerCore:
         plan: The loader's plan, holding the dataset.
         config: The loader's worker configuration.
         worker_id: This worker's id.
+        restarted: This worker replaces one that died (a Ray actor restarted by Ray): an
+            iteration it is asked to continue rather than begin was lost with its predecessor.
     """
 
-    def __init__(self, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
+    def __init__(
+        self, plan: BatchPlan, config: WorkerConfig, worker_id: int, restarted: bool = False
+    ) -> None:
+        self._restarted = restarted
         self._plan = plan
         self._config = config
         self._id = worker_id
@@ -152,10 +157,11 @@ class WorkerCore:
         where ``state`` is the source's own state after it (``None`` when it keeps none), or
         :class:`Ended`, or :data:`LOST` when this worker cannot make that batch (restarted since
         its iteration began). ``indices`` are offsets in the worker's own stream. Requests are
-        served in the order of their numbers, whatever order they arrive in."""
+        served in the order of their numbers, whatever order they arrive in (a Ray actor may
+        start them out of order)."""
         stream = self._streams.get(opening.token)
         if stream is None:
-            if number != opening.delivered:
+            if self._restarted and number != opening.delivered:
                 return LOST
             stream = _Stream(opening)
             self._streams = {opening.token: stream}

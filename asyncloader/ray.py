@@ -94,7 +94,8 @@ class RayWorker:
         config: WorkerConfig,
     ) -> None:
         setup_worker(None, worker_id, num_workers, base_seed, plan, worker_init_fn, False)
-        self._args = (plan, config, worker_id)
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._args = (plan, config, worker_id, restarted)
         self._core: WorkerCore | None = None
 
     def _ready_core(self) -> WorkerCore:

@@ -193,3 +193,48 @@ def test_between_epochs_each_workers_dataset_state_carries_over():
 
 def epoch_of(loader: AsyncLoader) -> list[tuple[int, int]]:
     return [(int(i), int(e)) for i, e in loader]
+
+
+def _core(restarted: bool):
+    from asyncloader._plan import BatchPlan
+    from asyncloader._procs import worker_config
+    from asyncloader._worker_loop import WorkerCore
+
+    options = AsyncLoader(IterSource(12), batch_size=4, **IN_WORKERS)._options
+    return WorkerCore(BatchPlan.of(options), worker_config(options, 8), 0, restarted)
+
+
+def test_a_workers_iteration_serves_requests_by_number_whatever_their_arrival():
+    """Ray may start an async actor's calls out of order: batch 1 asked before batch 0 still
+    gets the second batch of the iteration, and batch 0 the first."""
+    import asyncio
+
+    from asyncloader._worker_loop import StreamOpen
+
+    async def run():
+        core = _core(restarted=False)
+        opening = StreamOpen(token=1, seed=0, delivered=0, state=None)
+        second = asyncio.ensure_future(core.next_stream(opening, 1))
+        await asyncio.sleep(0)  # let the later request arrive first
+        first = await core.next_stream(opening, 0)
+        result = [first, await second]
+        await core.aclose()
+        return result
+
+    first, second = asyncio.run(run())
+    assert (list(first[0]), indices_of([first[1]])) == ([0, 1, 2, 3], [0, 1, 2, 3])
+    assert (list(second[0]), indices_of([second[1]])) == ([4, 5, 6, 7], [4, 5, 6, 7])
+
+
+def test_a_restarted_worker_says_it_lost_the_iteration_it_is_asked_to_continue():
+    import asyncio
+
+    from asyncloader._worker_loop import LOST, StreamOpen
+
+    async def run():
+        core = _core(restarted=True)
+        answer = await core.next_stream(StreamOpen(1, 0, delivered=2, state=None), 3)
+        await core.aclose()
+        return answer
+
+    assert asyncio.run(run()) == LOST
