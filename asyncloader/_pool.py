@@ -48,6 +48,21 @@ def _shut_down_live() -> None:
         pool.shutdown(EXIT_GRACE_S)
 
 
+def stop_processes(processes: list[Any], grace: float) -> None:
+    """Joins ``processes`` (asked to exit already) for ``grace`` seconds in all, then
+    terminates, then kills and joins those still alive: DataLoader's order."""
+    deadline = time.monotonic() + grace
+    for proc in processes:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(1.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def death_note(loader_name: str, pid: int | None, code: int | None, held: str) -> str:
     """How a worker died, worded as DataLoader's, with the signal's name and what it held."""
     if code is not None and code < 0:
@@ -178,16 +193,7 @@ class ProcessPool:
         processes: list[Any] = list({**self._processes, **live}.values())
         manager = pool_manager_thread(executor)
         executor.shutdown(wait=False, cancel_futures=True)
-        deadline = time.monotonic() + grace
-        for proc in processes:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in processes:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(processes, grace)
         if manager is not None and manager is not threading.current_thread():
             manager.join()  # (a finalizer may run this on the manager thread itself)
         # The counter's lock and the queues held by the Process objects are named semaphores

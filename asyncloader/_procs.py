@@ -22,7 +22,6 @@ import itertools
 import os
 import selectors
 import threading
-import time
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -34,10 +33,10 @@ from typing import Any
 from asyncloader._compat import before_exit
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
-from asyncloader._pool import EXIT_GRACE_S, SHUTDOWN_GRACE_S, death_note
+from asyncloader._pool import EXIT_GRACE_S, SHUTDOWN_GRACE_S, death_note, stop_processes
 from asyncloader._seeding import Seeds
 from asyncloader._start_method import check_start, default_mp_context
-from asyncloader._worker_loop import StreamOpen, WorkerConfig, serve
+from asyncloader._worker_loop import StreamOpen, WorkerConfig, WorkerSpec, serve
 from asyncloader.errors import WorkerCrashedError
 
 _live: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
@@ -62,9 +61,21 @@ def worker_config(options: Options, share: int) -> WorkerConfig:
     )
 
 
-def io_shares(total: int, workers: int) -> list[int]:
-    """``total`` samples in flight split across ``workers`` (the first get one more)."""
-    return [total // workers + (i < total % workers) for i in range(workers)]
+def worker_specs(options: Options, plan: BatchPlan, base_seed: int, n: int) -> list[WorkerSpec]:
+    """What each of ``n`` fetching workers starts with: ``io_concurrency`` split among them
+    (the first get one more)."""
+    total = options.io_concurrency
+    return [
+        WorkerSpec(
+            i,
+            n,
+            base_seed,
+            plan,
+            options.worker_init_fn,
+            worker_config(options, total // n + (i < total % n)),
+        )
+        for i in range(n)
+    ]
 
 
 class WorkerGroup:
@@ -83,11 +94,7 @@ class WorkerGroup:
         check_start(ctx)
         self.num_workers = n = options.num_workers
         self._loader_name = options.loader_name
-        shares = io_shares(options.io_concurrency, n)
-        self._args = [
-            (os.getpid(), i, n, base_seed, plan, options.worker_init_fn, worker_config(options, s))
-            for i, s in enumerate(shares)
-        ]
+        self._specs = worker_specs(options, plan, base_seed, n)
         self._ctx = ctx
         self._procs: list[Any] = []
         self._conns: list[Any] = []
@@ -120,10 +127,13 @@ class WorkerGroup:
                 failure.reraise()
 
     def _start(self) -> list[Any]:
-        for args in self._args:
+        for spec in self._specs:
             theirs, ours = self._ctx.Pipe(duplex=True)
             proc = self._ctx.Process(
-                target=serve, args=(ours, *args), daemon=True, name=f"asyncloader-worker-{args[1]}"
+                target=serve,
+                args=(ours, os.getpid(), spec),
+                daemon=True,
+                name=f"asyncloader-worker-{spec.worker_id}",
             )
             proc.start()
             ours.close()
@@ -170,16 +180,7 @@ class WorkerGroup:
                     conn.send(("stop",))
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + grace
-        for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(self._procs, grace)
         receiver = self._receiver
         if receiver is not None and receiver is not threading.current_thread():
             receiver.join()

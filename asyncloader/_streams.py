@@ -31,8 +31,8 @@ from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
 from asyncloader._state import fresh_state
-from asyncloader._worker_loop import LOST, Ended, StreamOpen
-from asyncloader.errors import WorkerCrashedError
+from asyncloader._worker_loop import LOST, SUPERSEDED, Ended, StreamOpen
+from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 
 
 async def worker_stream_batches(
@@ -72,6 +72,11 @@ async def worker_stream_batches(
                 w = (w + 1) % n
                 continue
             answer = await ahead[w].popleft()
+            if answer == SUPERSEDED:
+                raise AsyncLoaderError(
+                    "a newer epoch of this loader took over its persistent workers' iteration "
+                    "of the source: they iterate one epoch at a time, as DataLoader's do"
+                )
             if answer == LOST:
                 raise WorkerCrashedError(
                     f"worker {w} has lost its iteration of the source (it was restarted): the "

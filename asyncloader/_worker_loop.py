@@ -48,6 +48,9 @@ class Ended:
 #: What it answers for an iteration it never opened: a worker restarted since (a Ray actor
 #: with ``max_restarts``) has lost its place in the source.
 LOST = "lost"
+#: What it answers for an older epoch's iteration once a newer epoch began one (persistent
+#: workers iterate one epoch at a time, as DataLoader's do).
+SUPERSEDED = "superseded"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +65,18 @@ class WorkerConfig:
     loader_name: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Everything one fetching worker is started with (sent once, at its start)."""
+
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    plan: BatchPlan
+    worker_init_fn: Any
+    config: WorkerConfig
+
+
 @dataclasses.dataclass(slots=True)
 class StreamOpen:
     """The start of one epoch's iteration in a worker: seed, and where to continue."""
@@ -73,12 +88,13 @@ class StreamOpen:
 
 
 class _Stream:
-    __slots__ = ("ended", "iterator", "next", "opening", "turn")
+    __slots__ = ("ended", "iterator", "next", "opening", "superseded", "turn")
 
     def __init__(self, opening: StreamOpen) -> None:
         self.opening: StreamOpen | None = opening  # until the iteration is opened
         self.iterator: Any = None
         self.ended: Ended | None = None
+        self.superseded = False
         self.next = opening.delivered  # the number of the next batch to make
         self.turn = asyncio.Condition()  # requests are served by number, whatever their order
 
@@ -118,7 +134,8 @@ class WorkerCore:
             Fetcher(get, max(1, config.io_limit), self.spawn, plan.skip) if get else None
         )
         self._run_plan = dataclasses.replace(plan, dataset=None) if get else plan
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, _Stream] = {}  # the newest epoch's iteration only
+        self._newest = -1  # its token (tokens grow epoch by epoch)
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = self._loop.create_task(coro, name=name)
@@ -159,21 +176,37 @@ class WorkerCore:
         its iteration began). ``indices`` are offsets in the worker's own stream. Requests are
         served in the order of their numbers, whatever order they arrive in (a Ray actor may
         start them out of order)."""
+        if opening.token < self._newest:
+            return SUPERSEDED
         stream = self._streams.get(opening.token)
         if stream is None:
             if self._restarted and number != opening.delivered:
                 return LOST
             stream = _Stream(opening)
-            self._streams = {opening.token: stream}
+            for old in self._streams.values():
+                self._supersede(old)
+            self._streams, self._newest = {opening.token: stream}, opening.token
         async with stream.turn:
             if number < stream.next:
                 return LOST
-            await stream.turn.wait_for(lambda: stream.next == number)
+            await stream.turn.wait_for(lambda: stream.next == number or stream.superseded)
+            if stream.superseded:
+                return SUPERSEDED
             try:
                 return await self._next(stream, number)
             finally:
                 stream.next += 1
                 stream.turn.notify_all()
+
+    def _supersede(self, stream: _Stream) -> None:
+        """Wakes an older iteration's waiting requests to answer SUPERSEDED."""
+        stream.superseded = True
+
+        async def wake() -> None:
+            async with stream.turn:
+                stream.turn.notify_all()
+
+        self.spawn(wake(), name="supersede")
 
     async def _next(self, stream: _Stream, number: int) -> Any:
         if (failed := init_failure()) is not None:
@@ -267,16 +300,7 @@ def _take_sync(dataset: Any, iterator: Any, size: int) -> tuple[list[Any], Any]:
 # -- the local engine's worker process ------------------------------------------------------
 
 
-def serve(
-    conn: Any,
-    owner_pid: int,
-    worker_id: int,
-    num_workers: int,
-    base_seed: int,
-    plan: BatchPlan,
-    worker_init_fn: Any,
-    config: WorkerConfig,
-) -> None:
+def serve(conn: Any, owner_pid: int, spec: WorkerSpec) -> None:
     """Main function of a :class:`~asyncloader._procs.WorkerGroup` worker process.
 
     Messages in (tuples over ``conn``): ``("batch", key, seq, indices, samples, seeds)``,
@@ -284,11 +308,13 @@ def serve(
     ``("ready", init_failure)`` once, then per request ``("done", key)`` followed by the
     pickled result as bytes, under the key the request came with. A closed pipe is a stop.
     """
-    setup_worker(owner_pid, worker_id, num_workers, base_seed, plan, worker_init_fn)
+    setup_worker(
+        owner_pid, spec.worker_id, spec.num_workers, spec.base_seed, spec.plan, spec.worker_init_fn
+    )
     conn.send(("ready", init_failure()))
     loop = new_event_loop()
     try:
-        loop.run_until_complete(_serve(conn, plan, config, worker_id))
+        loop.run_until_complete(_serve(conn, spec.plan, spec.config, spec.worker_id))
         loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()

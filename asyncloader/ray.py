@@ -37,11 +37,11 @@ from ray.exceptions import RayActorError
 
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
-from asyncloader._procs import io_shares, worker_config
+from asyncloader._procs import worker_specs
 from asyncloader._seeding import Seeds
 from asyncloader._structure import DESCEND, map_structure
 from asyncloader._worker import init_failure, setup_worker
-from asyncloader._worker_loop import StreamOpen, WorkerConfig, WorkerCore
+from asyncloader._worker_loop import StreamOpen, WorkerCore, WorkerSpec
 from asyncloader.errors import WorkerCrashedError
 
 __all__ = ["RayEngine"]
@@ -84,18 +84,13 @@ class RayEngine:
 class RayWorker:
     """The actor: one worker's :class:`WorkerCore` on the actor's event loop."""
 
-    def __init__(
-        self,
-        worker_id: int,
-        num_workers: int,
-        base_seed: int,
-        plan: BatchPlan,
-        worker_init_fn: Any,
-        config: WorkerConfig,
-    ) -> None:
-        setup_worker(None, worker_id, num_workers, base_seed, plan, worker_init_fn, False)
+    def __init__(self, spec: WorkerSpec) -> None:
+        setup_worker(
+            None, spec.worker_id, spec.num_workers, spec.base_seed, spec.plan,
+            spec.worker_init_fn, False,
+        )  # fmt: skip
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        self._args = (plan, config, worker_id, restarted)
+        self._args = (spec.plan, spec.config, spec.worker_id, restarted)
         self._core: WorkerCore | None = None
 
     def _ready_core(self) -> WorkerCore:
@@ -139,11 +134,7 @@ class RayWorkers:
     def __init__(self, engine: RayEngine, options: Options, plan: BatchPlan, base_seed: int):
         self.num_workers = n = engine.num_workers
         self._engine = engine
-        shares = io_shares(options.io_concurrency, n)
-        self._args = [
-            (i, n, base_seed, plan, options.worker_init_fn, worker_config(options, share))
-            for i, share in enumerate(shares)
-        ]
+        self._specs = worker_specs(options, plan, base_seed, n)
         self._actors: list[Any] = []
         self._lock = threading.Lock()
         self._load = [0] * n
@@ -176,7 +167,7 @@ class RayWorkers:
             if not ray.is_initialized():
                 ray.init()
             actor = ray.remote(RayWorker).options(**self._actor_options())
-            self._actors = [actor.remote(*args) for args in self._args]
+            self._actors = [actor.remote(spec) for spec in self._specs]
             try:
                 self._failures = ray.get([a.ready.remote() for a in self._actors])
             except RayActorError as exc:

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from asyncloader import AsyncLoader
-from asyncloader.errors import WorkerCrashedError
+from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 from tests.helpers import CodedError, DieAt, IterSource, SyncSource, indices_of
 from tests.helpers.contracts import epoch, steps
 from tests.helpers.sources import EpochCounting, InFlight, RaisingStream, UnevenStream
@@ -238,3 +238,19 @@ def test_a_restarted_worker_says_it_lost_the_iteration_it_is_asked_to_continue()
         return answer
 
     assert asyncio.run(run()) == LOST
+
+
+def test_a_newer_epoch_takes_over_persistent_workers_iteration():
+    """Persistent workers iterate one epoch at a time (as DataLoader's): a new epoch begun
+    while an older one is unfinished gets every sample, and the older one says it was
+    superseded instead of hanging or yielding a mix."""
+    loader = AsyncLoader(IterSource(40), batch_size=2, persistent_workers=True, **IN_WORKERS)
+    try:
+        old = iter(loader)
+        next(old), next(old)
+        assert sorted(indices_of(loader)) == list(range(40))
+        with pytest.raises(AsyncLoaderError, match="newer epoch of this loader took over"):
+            for _ in old:
+                pass
+    finally:
+        loader.close()
