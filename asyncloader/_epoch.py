@@ -228,7 +228,7 @@ class Epoch:
         device = self._open_device(stack)
         transformer = await self._open_transform(stack)
         batches = await stack.enter_async_context(
-            contextlib.aclosing(self._batches(stack, transformer.engine))
+            contextlib.aclosing(self._batches(stack, transformer))
         )
         async with asyncio.TaskGroup() as tg:
             if get is not None:
@@ -307,11 +307,12 @@ class Epoch:
         return Transformer(engine, options.engine_window, seeds, self._inflight, inline)
 
     def _batches(
-        self, stack: contextlib.AsyncExitStack, engine: Engine
+        self, stack: contextlib.AsyncExitStack, transformer: Transformer
     ) -> AsyncGenerator[Batch, None]:
         options, start = self._options, self.start_info
         if options.worker_streams:  # the engine is then a WorkerEngine (Options sees to it)
-            return worker_stream_batches(cast(WorkerEngine, engine), options, start, self.progress)
+            engine = cast(WorkerEngine, transformer.engine)
+            return worker_stream_batches(engine, options, start, self.progress, transformer.crashed)
         if options.kind.is_map:
             assert start.index_iter is not None
             return map_batches(options, start.index_iter, start.resume)

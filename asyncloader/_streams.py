@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from asyncloader._batches import Batch, Made
@@ -36,7 +37,11 @@ from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 
 
 async def worker_stream_batches(
-    engine: WorkerEngine, options: Options, start: EpochStart, progress: Progress
+    engine: WorkerEngine,
+    options: Options,
+    start: EpochStart,
+    progress: Progress,
+    crashed: Callable[[BaseException], Awaitable[BaseException]],
 ) -> AsyncGenerator[Batch, None]:
     """The epoch's batches, made by the workers' own iterations, round robin.
 
@@ -44,6 +49,7 @@ async def worker_stream_batches(
         engine: The workers, each iterating its own copy of the source.
         start: The epoch's start; its ``source_state`` holds the merge state to continue.
         progress: Told the merge state before each batch (what ``state_dict()`` saves).
+        crashed: The error to raise for a worker that died (it names the worker and how).
     """
     n = engine.num_workers
     saved = start.source_state[1] if start.source_state is not None else fresh_state(n)
@@ -71,7 +77,10 @@ async def worker_stream_batches(
             if workers[w]["ended"]:
                 w = (w + 1) % n
                 continue
-            answer = await ahead[w].popleft()
+            try:
+                answer = await ahead[w].popleft()
+            except BrokenProcessPool as exc:
+                raise await crashed(exc) from exc
             if answer == SUPERSEDED:
                 raise AsyncLoaderError(
                     "a newer epoch of this loader took over its persistent workers' iteration "

@@ -254,3 +254,11 @@ def test_a_newer_epoch_takes_over_persistent_workers_iteration():
                 pass
     finally:
         loader.close()
+
+
+def test_a_worker_dying_in_its_own_iteration_raises_worker_crashed_error():
+    with tempfile.TemporaryDirectory() as folder:
+        die = DieAt(9, "sigkill", str(Path(folder) / "died"))
+        loader = AsyncLoader(IterSource(40), batch_size=2, transform=die, **IN_WORKERS)
+        with pytest.raises(WorkerCrashedError, match=r"is killed by signal: Killed \(SIGKILL\)"):
+            epoch(loader)
