@@ -154,6 +154,8 @@ class WorkerGroup:
             except (EOFError, OSError):
                 pass
         proc.join(SHUTDOWN_GRACE_S)
+        with self._lock:  # broken: a persistent group is replaced, not started again
+            self._dead[i] = (proc.exitcode, [])
         raise WorkerCrashedError(
             f"{self._loader_name} worker {i} died while starting (exit code {proc.exitcode}: "
             "the dataset, transform or collate_fn could not be unpickled, or it was killed; see "
