@@ -67,20 +67,17 @@ async def worker_stream_batches(
         ahead[w].append(asyncio.wrap_future(engine.next_stream(w, openings[w], asked[w])))
         asked[w] += 1
 
-    for w, worker in enumerate(workers):
-        if not worker["ended"]:
-            for _ in range(options.prefetch):
-                ask(w)
     seq, w = start.first_seq, saved["next"]
     try:
+        for i, worker in enumerate(workers):
+            if not worker["ended"]:
+                for _ in range(options.prefetch):
+                    ask(i)
         while not all(worker["ended"] for worker in workers):
             if workers[w]["ended"]:
                 w = (w + 1) % n
                 continue
-            try:
-                answer = await ahead[w].popleft()
-            except BrokenProcessPool as exc:
-                raise await crashed(exc) from exc
+            answer = await ahead[w].popleft()
             if answer == SUPERSEDED:
                 raise AsyncLoaderError(
                     "a newer epoch of this loader took over its persistent workers' iteration "
@@ -108,6 +105,8 @@ async def worker_stream_batches(
             seq += 1
         # After the last batch: every worker's final state, which the next epoch starts from.
         progress.source_state_before(seq, {"per_worker": copy.deepcopy(workers), "next": w})
+    except BrokenProcessPool as exc:  # a worker died (asking it, or while it worked)
+        raise await crashed(exc) from exc
     finally:
         for queue in ahead:
             for future in queue:
