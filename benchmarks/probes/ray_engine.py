@@ -13,7 +13,8 @@ the second is the steady state. Every delivered batch is checked
 - ``io``, 20 ms per sample (``async def __getitem__``), ``io_concurrency=1024``, batches of 32:
   ``local pool`` is ``num_workers=2, fetch_in_workers=True``; ``ray`` is ``RayEngine(2)``.
 
-``python -m benchmarks.probes.ray_engine [--reps 3] [--json PATH]``
+``python -m benchmarks.probes.ray_engine [--reps 3] [--json PATH] [--batch N] [--only io]``
+(``--batch`` replaces the workloads' batch size; ``--only`` runs one workload's cases).
 """
 
 from __future__ import annotations
@@ -34,11 +35,10 @@ ITEMS = {"cpu": 4000, "io": 40_000}
 KEYS = ("first_epoch", "steady")
 
 
-def _asyncloader(workload: str, kind: str, items: int) -> Any:
+def _asyncloader(workload: str, kind: str, items: int, batch: int) -> Any:
     from asyncloader import AsyncLoader
-    from benchmarks.workloads import WORKLOADS, AsyncSleepSource, MemorySource, burn
+    from benchmarks.workloads import AsyncSleepSource, MemorySource, burn
 
-    batch = WORKLOADS[workload].batch
     if workload == "cpu":
         dataset, options = MemorySource(items), {"transform": burn}
     else:
@@ -53,7 +53,7 @@ def _asyncloader(workload: str, kind: str, items: int) -> Any:
     return AsyncLoader(dataset, batch_size=batch, persistent_workers=True, **options)
 
 
-def _ray_data_epochs(items: int) -> Any:
+def _ray_data_epochs(items: int, batch: int) -> Any:
     import numpy as np
     import ray
 
@@ -63,26 +63,26 @@ def _ray_data_epochs(items: int) -> Any:
     def make(batch: dict[str, Any]) -> dict[str, Any]:
         return {"x": np.stack([burn(make_sample(int(i), CPU_SHAPE)) for i in batch["id"]])}
 
-    dataset = ray.data.range(items).map_batches(make, batch_size=32)
+    dataset = ray.data.range(items).map_batches(make, batch_size=batch)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    return lambda: (b["x"] for b in dataset.iter_torch_batches(batch_size=32))
+    return lambda: (b["x"] for b in dataset.iter_torch_batches(batch_size=batch))
 
 
-def _one(workload: str, kind: str) -> dict:
+def _one(workload: str, kind: str, batch: int) -> dict:
     from benchmarks.checks import Checker
     from benchmarks.workloads import WORKLOADS
 
-    items = ITEMS[workload]
+    items, batch = ITEMS[workload], batch or WORKLOADS[workload].batch
     if kind != "local pool":
         import ray
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     epochs: list[float] = []
     if kind == "ray data":
-        epoch_of = _ray_data_epochs(items)
+        epoch_of = _ray_data_epochs(items, batch)
         close = lambda: None  # noqa: E731
     else:
-        loader = _asyncloader(workload, kind, items)
+        loader = _asyncloader(workload, kind, items, batch)
         epoch_of, close = (lambda: iter(loader)), loader.close
     for _ in range(2):
         checker = Checker(items, WORKLOADS[workload].shape)
@@ -99,15 +99,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", help="also write the medians here")
+    parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--only", choices=sorted(CASES))
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(_one(*args.one)))
+        print(json.dumps(_one(*args.one, args.batch)))
         return
-    runs = {(w, k): [] for w, kinds in CASES.items() for k in kinds}
+    chosen = [args.only] if args.only else list(CASES)
+    runs = {(w, k): [] for w in chosen for k in CASES[w]}
     for _ in range(args.reps):
         for workload, kind in runs:
-            one = ("benchmarks.probes.ray_engine", "--one", workload, kind)
+            one = ("benchmarks.probes.ray_engine", "--one", workload, kind, "--batch", args.batch)
             runs[workload, kind].append(side_by_side.in_fresh_process(*one))
     medians = {
         f"{w}/{k}": {key: statistics.median(r[key] for r in rs) for key in KEYS}
