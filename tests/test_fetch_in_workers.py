@@ -214,12 +214,12 @@ def test_a_workers_iteration_serves_requests_by_number_whatever_their_arrival():
     async def run():
         core = _core(restarted=False)
         opening = StreamOpen(token=1, seed=0, delivered=0, state=None)
-        second = asyncio.ensure_future(core.next_stream(opening, 1))
-        await asyncio.sleep(0)  # let the later request arrive first
-        first = await core.next_stream(opening, 0)
-        result = [first, await second]
+        # gather starts its tasks in order: the request for batch 1 arrives first.
+        second, first = await asyncio.gather(
+            core.next_stream(opening, 1), core.next_stream(opening, 0)
+        )
         await core.aclose()
-        return result
+        return first, second
 
     first, second = asyncio.run(run())
     assert (list(first[0]), indices_of([first[1]])) == ([0, 1, 2, 3], [0, 1, 2, 3])

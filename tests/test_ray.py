@@ -10,7 +10,6 @@ and async iterables, sharded tar streams).
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -65,16 +64,25 @@ def by_ray_kind(fn):
     return pytest.mark.parametrize("kind", RAY_KINDS, ids=[k.name for k in RAY_KINDS])(fn)
 
 
-def all_cpus_free(within_s: float = 10.0) -> bool:
-    """Every CPU of the cluster is free again (the actors are gone), within ``within_s``:
-    Ray's control store learns of an exit a moment after it."""
-    deadline = time.monotonic() + within_s
-    while True:
-        if ray.available_resources().get("CPU", 0) == ray.cluster_resources().get("CPU"):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
+@ray.remote
+def _granted() -> bool:
+    return True
+
+
+def all_cpus_free(within_s: float = 30.0) -> bool:
+    """Every CPU of the cluster is free again (the actors are gone) within ``within_s``: Ray's
+    scheduler grants a task that needs all of them (it learns of an exit a moment after it)."""
+    ref = _granted.options(num_cpus=ray.cluster_resources()["CPU"]).remote()
+    try:
+        return ray.get(ref, timeout=within_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        return False
+
+
+def cpus_held() -> bool:
+    """Some of the cluster's CPUs are held now (by live actors)."""
+    return ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]
 
 
 @by_ray_kind
@@ -102,7 +110,7 @@ def test_persistent_actors_serve_every_epoch_and_free_their_cpus_on_close():
     try:
         for _ in range(2):
             check_exactly_once([indices_of(made)], range(40))
-            assert not all_cpus_free(0), "persistent actors hold their CPUs between epochs"
+            assert cpus_held(), "persistent actors hold their CPUs between epochs"
     finally:
         made.close()
     assert all_cpus_free()
