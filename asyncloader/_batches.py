@@ -114,13 +114,10 @@ def _sync_puller(
     """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``
     (under the dataset's claim when it is its own iterator)."""
     loop = asyncio.get_running_loop()
-    # islice(x) calls iter(x): harmless for an iterator, a restart for a dataset that is its
-    # own iterator, pulled through __next__ instead (a generator step per item, ~70 ns).
-    stream = through_next(iterator) if iterator is dataset else iterator
+    stream = sync_stream(dataset, iterator)
 
     def take() -> tuple[list[Any], Any]:
-        items = list(itertools.islice(stream, size))
-        return items, source_state(dataset, iterator) if stateful else None
+        return take_sync(dataset, iterator, stream, size, stateful)
 
     if claim is not None:
         owner, token = claim
@@ -132,6 +129,22 @@ def _sync_puller(
                 return unclaimed()
 
     return lambda: loop.run_in_executor(thread, take)
+
+
+def sync_stream(dataset: Any, iterator: Iterator[Any]) -> Iterator[Any]:
+    """What to pull a sync iterable's items from: ``islice(x)`` calls ``iter(x)``, harmless
+    for an iterator, a restart for a dataset that is its own iterator, pulled through
+    ``__next__`` instead (a generator step per item, ~70 ns)."""
+    return through_next(iterator) if iterator is dataset else iterator
+
+
+def take_sync(
+    dataset: Any, iterator: Any, stream: Iterator[Any], size: int, stateful: bool = True
+) -> tuple[list[Any], Any]:
+    """Up to ``size`` items from ``stream`` (see :func:`sync_stream`), and then the source's
+    own state (when ``stateful``; ``None`` when it keeps none)."""
+    items = list(itertools.islice(stream, size))
+    return items, source_state(dataset, iterator) if stateful else None
 
 
 def through_next(iterator: Iterator[Any]) -> Iterator[Any]:

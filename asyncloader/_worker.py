@@ -156,11 +156,6 @@ def init_failure() -> Failure | None:
     return _init_failure
 
 
-def in_worker() -> bool:
-    """The caller runs inside an asyncloader worker process."""
-    return _info is not None
-
-
 def shares_batches() -> bool:
     """A batch made here leaves through shared memory (a worker process of this machine's
     pool; a Ray actor returns it through Ray's object store instead)."""

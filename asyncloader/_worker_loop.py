@@ -19,13 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import threading
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from asyncloader._batches import take_async, through_next
+from asyncloader._batches import sync_stream, take_async, take_sync
 from asyncloader._failure import Failure
 from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._plan import BatchPlan, run_batch
@@ -88,11 +87,12 @@ class StreamOpen:
 
 
 class _Stream:
-    __slots__ = ("ended", "iterator", "next", "opening", "superseded", "turn")
+    __slots__ = ("ended", "iterator", "next", "opening", "pull", "superseded", "turn")
 
     def __init__(self, opening: StreamOpen) -> None:
         self.opening: StreamOpen | None = opening  # until the iteration is opened
         self.iterator: Any = None
+        self.pull: Any = None  # what a sync iteration's items are taken from (sync_stream)
         self.ended: Ended | None = None
         self.superseded = False
         self.next = opening.delivered  # the number of the next batch to make
@@ -215,6 +215,7 @@ class WorkerCore:
             opening, stream.opening = stream.opening, None
             try:
                 stream.iterator = await self._open(opening)
+                stream.pull = sync_stream(self._plan.dataset, stream.iterator)
             except Exception as exc:
                 stream.ended = Ended(None)
                 return range(0), self._stream_failure(exc, "fetch", number, range(0)), None
@@ -255,7 +256,7 @@ class WorkerCore:
                 state = source_state(dataset, iterator)
             else:
                 samples, state = await self._loop.run_in_executor(
-                    self._compute, _take_sync, dataset, iterator, size
+                    self._compute, take_sync, dataset, iterator, stream.pull, size
                 )
         except Exception as exc:
             return offsets, self._stream_failure(exc, "fetch", number, offsets), None
@@ -289,12 +290,6 @@ class WorkerCore:
         self._compute.shutdown(wait=False, cancel_futures=True)
         if self._fetch_pool is not None:
             self._fetch_pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _take_sync(dataset: Any, iterator: Any, size: int) -> tuple[list[Any], Any]:
-    stream = through_next(iterator) if iterator is dataset else iterator
-    items = list(itertools.islice(stream, size))
-    return items, source_state(dataset, iterator)
 
 
 # -- the local engine's worker process ------------------------------------------------------
