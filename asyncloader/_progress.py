@@ -15,6 +15,7 @@ without its source state, or the reverse.
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,5 +107,6 @@ class Progress:
             return {
                 "next_batch": cursor.next,
                 "delivered_beyond": sorted(cursor.beyond),
-                "source_state": source_state,
+                # A copy: the records behind it are shared with later ones until replaced.
+                "source_state": copy.deepcopy(source_state),
             }

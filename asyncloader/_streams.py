@@ -100,14 +100,20 @@ async def worker_stream_batches(
             workers[w]["state"] = state
             ask(w)
             w = (w + 1) % n
-            progress.source_state_before(seq + 1, {"per_worker": copy.deepcopy(workers), "next": w})
+            progress.source_state_before(seq + 1, _merge_state(workers, w))
             yield seq, indices, Made(result)
             seq += 1
         # After the last batch: every worker's final state, which the next epoch starts from.
-        progress.source_state_before(seq, {"per_worker": copy.deepcopy(workers), "next": w})
+        progress.source_state_before(seq, _merge_state(workers, w))
     except BrokenProcessPool as exc:  # a worker died (asking it, or while it worked)
         raise await crashed(exc) from exc
     finally:
         for queue in ahead:
             for future in queue:
                 future.cancel()
+
+
+def _merge_state(workers: list[dict[str, Any]], turn: int) -> dict[str, Any]:
+    """A snapshot of the merge: each worker's record copied (a record's ``state`` is replaced,
+    never changed, and came from the worker as a copy already)."""
+    return {"per_worker": [dict(worker) for worker in workers], "next": turn}
