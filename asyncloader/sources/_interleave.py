@@ -10,10 +10,13 @@ slot and is read at once, in the same turn; with none left, the slot closes::
 
     slots   [A B C]  ->  A0 B0 C0 A1 B1 C1 ...   B ends: [A D C]  ->  ... A4 D0 C4 A5 D1 ...
 
-Shuffle buffer: samples enter in interleave order until it holds ``size`` (or the interleave
-is done); then one is drawn with ``rng.randrange(len(buffer))``, swapped to the end and
-popped. The draws depend on the buffer's length only, never on its contents, which is what
-lets :func:`rewind` replay them on positions.
+Shuffle buffer: before draw ``k`` (counted from 0), samples enter in interleave order until
+it holds :func:`fill_target` ``= min(size, initial + k)`` (or the interleave is done); then one
+is drawn with ``rng.randrange(len(buffer))``, swapped to the end and popped. So the first
+sample goes out once ``initial`` are in, and the buffer then grows by one per draw until it
+holds ``size`` (webdataset's ``initial``): the first batch waits for ``initial`` samples, not
+for a full buffer. The draws depend on the buffer's length only, never on its contents, which
+is what lets :func:`rewind` replay them on positions.
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ class Interleave:
             self.cursor = self.cursor % len(self.slots) if self.slots else 0
 
 
+def fill_target(size: int, initial: int, k: int) -> int:
+    """Samples the shuffle buffer holds before draw ``k``: ``initial``, one more per draw,
+    at most ``size``."""
+    return min(size, initial + k)
+
+
 def draw(buffer: list[Any], rng: random.Random | None) -> Any:
     """Takes the next sample out of the shuffle buffer (the first one without ``rng``)."""
     if rng is None:
@@ -78,7 +87,12 @@ class Rewound(NamedTuple):
 
 
 def rewind(
-    lengths: Sequence[int], width: int, rng: random.Random | None, size: int, n: int
+    lengths: Sequence[int],
+    width: int,
+    rng: random.Random | None,
+    size: int,
+    n: int,
+    initial: int | None = None,
 ) -> Rewound:
     """Replays the first ``n`` steps of an epoch on positions, advancing ``rng`` as they did.
 
@@ -88,6 +102,7 @@ def rewind(
         rng: The shuffle buffer's RNG, fresh for the epoch; left as after ``n`` draws.
         size: Shuffle buffer size (1 without ``rng``).
         n: Samples handed out (skipped ones included).
+        initial: Samples in the buffer before the first draw (default ``size``).
 
     Raises:
         ValueError: The epoch has fewer than ``n`` samples.
@@ -95,8 +110,10 @@ def rewind(
     inter = Interleave(len(lengths), width)
     buffer: list[tuple[int, int]] = []
     done = False
-    for _ in range(n):
-        while not done and len(buffer) < size:
+    initial = size if initial is None else initial
+    for k in range(n):
+        target = fill_target(size, initial, k)
+        while not done and len(buffer) < target:
             s = inter.current()
             if s is None:
                 done = True

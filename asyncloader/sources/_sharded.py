@@ -81,6 +81,12 @@ class ShardedSource(ClientSource):
         seed: Seeds the shard order and the shuffle buffer; the same on every rank.
         shuffle: Shuffle the shard order each epoch (and samples, with ``shuffle_buffer``).
         shuffle_buffer: Samples held to shuffle among (1: no sample shuffling).
+        shuffle_initial: Samples in the buffer before the first one goes out (default
+            ``min(100, shuffle_buffer)``); the buffer then grows by one per sample until it
+            holds ``shuffle_buffer``, as webdataset's ``initial``. So the first batch comes
+            after about one shard's fetch, not after ``shuffle_buffer`` samples; the first
+            samples of an epoch are shuffled among fewer. ``shuffle_initial=shuffle_buffer``
+            waits for a full buffer.
         shard_concurrency: Shards read at once; their samples are taken in turn, in plan
             order, so the order depends on seed, epoch and rank only, never on timing.
         rank, world_size: This process's place among the ranks; default torch.distributed's
@@ -110,6 +116,7 @@ class ShardedSource(ClientSource):
         seed: int = 0,
         shuffle: bool = True,
         shuffle_buffer: int = 1000,
+        shuffle_initial: int | None = None,
         shard_concurrency: int = 4,
         rank: int | None = None,
         world_size: int | None = None,
@@ -138,6 +145,17 @@ class ShardedSource(ClientSource):
                 raise TypeError(f"{name} must be an int, got {type(value).__qualname__}")
             if value < 1:
                 raise ValueError(f"{name}={value} must be >= 1")
+        if shuffle_initial is None:
+            shuffle_initial = min(100, shuffle_buffer)
+        if isinstance(shuffle_initial, bool) or not isinstance(shuffle_initial, int):
+            raise TypeError(
+                f"shuffle_initial must be an int, got {type(shuffle_initial).__qualname__}"
+            )
+        if not 1 <= shuffle_initial <= shuffle_buffer:
+            raise ValueError(
+                f"shuffle_initial={shuffle_initial} must be between 1 and "
+                f"shuffle_buffer={shuffle_buffer}"
+            )
         self._counts = parse_counts(samples_per_shard, len(self._urls))
         if (rank is None) != (world_size is None):
             raise ValueError(f"rank and world_size go together, got {rank=} and {world_size=}")
@@ -156,6 +174,7 @@ class ShardedSource(ClientSource):
         )
         self._seed, self._shuffle, self._epoch = seed, bool(shuffle), 0
         self._buffer_size, self._concurrency = shuffle_buffer, shard_concurrency
+        self._initial = shuffle_initial
         self._rank, self._world = rank, world_size
         self._decode, self._retry = decode, retry
         self._max_member = max_object_size
@@ -243,7 +262,13 @@ class ShardedSource(ClientSource):
             seed += f":worker{worker}of{workers}"
         rng = random.Random(seed) if self._shuffle else None
         return ShardStream(
-            slices, self.items, rng, self._buffer_size, self._concurrency, self._position
+            slices,
+            self.items,
+            rng,
+            self._buffer_size,
+            self._concurrency,
+            self._position,
+            self._initial,
         )
 
     def __repr__(self) -> str:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncloader._failure import unwrap_group
-from asyncloader.sources._interleave import Interleave, draw, rewind
+from asyncloader.sources._interleave import Interleave, draw, fill_target, rewind
 from asyncloader.sources._shardplan import Slice
 
 DEPTH = 2
@@ -75,6 +75,7 @@ class ShardStream:
             samples ``i`` with ``want(i)``, reading past (undecoded) the others.
         rng: The shuffle buffer's RNG, seeded from (seed, epoch, rank); None: no shuffling.
         buffer_size: Shuffle buffer size.
+        initial: Samples in the buffer before the first draw (see :mod:`._interleave`).
         concurrency: Slices read at once, and slots of the interleave.
         position: Counts the samples handed out; its ``yielded`` is where this pass starts.
 
@@ -89,21 +90,27 @@ class ShardStream:
         buffer_size: int,
         concurrency: int,
         position: Position,
+        initial: int | None = None,
     ) -> None:
         self._slices, self._items, self._rng = slices, items, rng
         self._size = buffer_size if rng is not None else 1
+        self._initial = min(self._size, self._size if initial is None else initial)
         self.position = position
         self._drop = 0
         self._buffer: list[Any] = []
         self._done = False
         lengths = [s.take for s in slices if s.take is not None]
         if position.yielded and len(lengths) == len(slices):
-            back = rewind(lengths, concurrency, rng, self._size, position.yielded)
+            back = rewind(
+                lengths, concurrency, rng, self._size, position.yielded, self._initial
+            )
+            self._draws = position.yielded
             self._inter, self._done = back.interleave, back.done
             self._wanted = {pos: i for i, pos in enumerate(back.buffer)}
             self._buffer = [_MISSING] * len(back.buffer)
         else:  # from the start; without lengths, replay and drop what went out before
             self._inter, self._wanted = Interleave(len(slices), concurrency), {}
+            self._draws = 0
             self._drop, position.yielded = position.yielded, 0
         self._missing = len(self._wanted)
         # Where each slice's reader starts: its first buffered position, else where the
@@ -211,7 +218,8 @@ class ShardStream:
             self._check()
         inter = self._inter
         while True:
-            while not self._done and len(self._buffer) < self._size:
+            target = fill_target(self._size, self._initial, self._draws)
+            while not self._done and len(self._buffer) < target:
                 s = inter.current()
                 if s is None:
                     self._done = True
@@ -227,6 +235,7 @@ class ShardStream:
             if not self._buffer:
                 raise StopAsyncIteration
             item = draw(self._buffer, self._rng)
+            self._draws += 1
             self.position.yielded += 1
             if item is SKIPPED_POSITION or self._drop:
                 self._drop = max(self._drop - 1, 0)

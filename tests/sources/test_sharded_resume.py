@@ -257,3 +257,64 @@ def test_reads_at_once_and_queued_samples_stay_bounded(tmp_path):
 
     assert len(asyncio.run(run())) == sum(SIZES)
     assert 1 < peak[0] <= 3 and queued[0] <= DEPTH
+
+
+def counting(source):
+    """Counts the samples the source's readers have produced so far."""
+    inner, produced = source.items, [0]
+
+    async def items(slc, want):
+        async for item in inner(slc, want):
+            produced[0] += 1
+            yield item
+
+    source.items = items
+    return produced
+
+
+def test_the_first_sample_waits_for_shuffle_initial_not_a_full_buffer(tmp_path):
+    """With shuffle_initial=4 of a 40-sample buffer, the first sample goes out long before 40
+    are read (the queues add at most (2 * DEPTH + 2) per open slice); a full buffer would
+    need all 40."""
+    paths = write_shards(tmp_path, SIZES)
+    source = make(paths, shuffle_buffer=40, shuffle_initial=4)
+    produced = counting(source)
+
+    async def first():
+        it = aiter(source)
+        try:
+            await anext(it)
+            return produced[0]
+        finally:
+            await it.aclose()
+
+    assert asyncio.run(first()) <= 4 + (2 * DEPTH + 2) * 3 < 40
+    full = make(paths, shuffle_buffer=40, shuffle_initial=40)
+    produced_full = counting(full)
+    take(full, 1)
+    assert produced_full[0] >= 40
+
+
+def test_a_growing_shuffle_buffer_gives_each_sample_once_and_resumes_exactly(tmp_path):
+    """The buffer starts yielding at shuffle_initial and grows to shuffle_buffer; the epoch is
+    still every sample once, and a resume at any step continues it exactly (the replay models
+    the growth)."""
+    paths = write_shards(tmp_path, SIZES)
+
+    def source():
+        return make(paths, shuffle_buffer=20, shuffle_initial=3)
+
+    reference = take(source())
+    assert sorted(reference) == sorted(take(make(paths, shuffle=False)))
+    assert reference != take(make(paths, shuffle_buffer=20, shuffle_initial=20))
+    for n in range(0, sum(SIZES), 5):
+        head, state = stop_after(source(), n)
+        assert head + resumed(source, state)[0] == reference, n
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(0, ValueError), (7, ValueError), (True, TypeError), (2.0, TypeError)]
+)
+def test_shuffle_initial_is_checked(tmp_path, value, error):
+    with pytest.raises(error, match="shuffle_initial"):
+        make(write_shards(tmp_path, [2]), [2], shuffle_buffer=6, shuffle_initial=value)
