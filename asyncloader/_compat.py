@@ -20,7 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 from types import FrameType
 from typing import Any
 
-import torch.multiprocessing  # noqa: F401  registers torch's shared-memory tensor pickling
+import torch
+import torch.multiprocessing  # registers torch's shared-memory tensor pickling
 from torch.utils.data._utils import worker as _torch_worker  # private: torch 2.2-2.13
 
 
@@ -33,6 +34,21 @@ def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset: 
     _torch_worker._worker_info = _torch_worker.WorkerInfo(
         id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
     )
+
+
+def empty_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor whose storage is in shared memory from the start (what
+    ``default_collate`` does in a worker: ``TypedStorage._new_shared``), so filling it is the
+    only copy; ``torch.empty(...).share_memory_()`` would copy it once more. Falls back to that
+    where the private method is missing."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    try:
+        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+    except AttributeError:
+        return torch.empty(shape, dtype=dtype).share_memory_()
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
 def pool_processes(executor: ProcessPoolExecutor) -> dict[int, Any]:

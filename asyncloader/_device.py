@@ -20,6 +20,9 @@ overlaps the training step on batch k. The hand-off must stop two races::
 3. The copy reads pinned host memory asynchronously: ``src_k`` is kept referenced until
    ``ev_k`` reports completion, so its pinned block is not reused mid-copy.
 
+A ``device_transform`` runs on the copied batch, on the side stream before the event is
+recorded, so (1)-(3) cover what it makes too.
+
 Without CUDA the stage still runs on its thread (``device="cpu"`` copies nothing); pinning is
 skipped with one warning. Custom batch types take part through their own ``pin_memory()`` and
 ``to(device, non_blocking=...)`` methods, as in DataLoader; tensors hidden inside them are
@@ -84,11 +87,18 @@ class DeviceStage:
     Args:
         pin: Pin batches (only where CUDA is available).
         device: Where to copy batches, or ``None`` to pin only.
+        transform: Run on each batch after the copy (on the side stream), or ``None``.
     """
 
-    def __init__(self, pin: bool, device: torch.device | None) -> None:
+    def __init__(
+        self,
+        pin: bool,
+        device: torch.device | None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
         self._pin = pin
         self._device = device
+        self._transform = transform
         self._cuda = device is not None and device.type == "cuda"
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._held: collections.deque[tuple[Any, Any]] = collections.deque()
@@ -126,19 +136,22 @@ class DeviceStage:
     def _process(self, batch: Any, stream: Any) -> Any:
         if self._pin:
             batch = _apply(batch, _pin, "pin_memory")
-        device = self._device
+        device, transform = self._device, self._transform
         if device is None:
-            return batch
+            return batch if transform is None else transform(batch)
 
         def to(x: Any) -> Any:
             return x.to(device, non_blocking=True)
 
         if stream is None:
-            return _apply(batch, to, "to")
+            out = _apply(batch, to, "to")
+            return out if transform is None else transform(out)
         while self._held and self._held[0][1].query():
             self._held.popleft()  # (3): those copies are done, their sources may go
         with torch.cuda.stream(stream):
             out = _apply(batch, to, "to")
+            if transform is not None:
+                out = transform(out)
             event = torch.cuda.Event()
             event.record(stream)
         self._held.append((batch, event))

@@ -286,7 +286,9 @@ class Epoch:
         if not options.device_stage:
             return None
         target = None if options.device is None else torch.device(options.device)
-        device = DeviceStage(options.pin_memory and torch.cuda.is_available(), target)
+        device = DeviceStage(
+            options.pin_memory and torch.cuda.is_available(), target, options.device_transform
+        )
         stack.push_async_callback(run_in_thread, device.close, "asyncloader-reaper")
         return device
 

@@ -61,6 +61,7 @@ class Options:
     pin_memory: bool = False
     pin_memory_device: str = ""
     device: str | torch.device | None = None  # a torch.device once built
+    device_transform: Callable[[Any], Any] | None = None
     timeout: float = 0
     worker_init_fn: Callable[[int], None] | None = None
     persistent_workers: bool = False
@@ -88,7 +89,7 @@ class Options:
         check.check_instance("pin_memory_device", self.pin_memory_device, str, "a str")
         check.check_timeout(self.timeout)
         check.check_on_error(self.on_error, self.max_skipped)
-        for name in ("collate_fn", "transform", "worker_init_fn"):
+        for name in ("collate_fn", "transform", "worker_init_fn", "device_transform"):
             check.check_callable(name, getattr(self, name))
         check.check_workers(self.num_workers, self.executor, self.persistent_workers)
         check.check_fetch_in_workers(self.fetch_in_workers, self.num_workers)
@@ -183,8 +184,12 @@ class Options:
 
     @property
     def device_stage(self) -> bool:
-        """Batches go through the ``asyncloader-device`` thread (to pin or to copy)."""
-        return self.device is not None or (self.pin_memory and torch.cuda.is_available())
+        """Batches go through the ``asyncloader-device`` thread (to pin, copy or transform)."""
+        return (
+            self.device is not None
+            or self.device_transform is not None
+            or (self.pin_memory and torch.cuda.is_available())
+        )
 
     @property
     def device_depth(self) -> int:

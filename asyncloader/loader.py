@@ -127,6 +127,12 @@ class AsyncLoader(Generic[T_co]):
         prefetch: Batches in the executor per worker (per executor without workers); default 2.
         device: Copy batches to this device on the ``asyncloader-device`` thread and its own
             CUDA stream, at most 2 batches ahead; the batch you get is safe on your stream.
+        device_transform: ``fn(batch) -> batch`` run on the ``asyncloader-device`` thread after
+            the copy to ``device`` (on its stream, so on a GPU it overlaps your step), or on
+            the batch as it is without ``device``: work that is cheap on the device and
+            costly on the workers, such as normalising ``uint8`` images
+            (:class:`asyncloader.images.Normalize`). Its errors fail the batch (stage
+            ``device``).
         mp_context: ``multiprocessing_context``, by asyncloader's shorter name.
         seed_per_sample: Seed the global ``torch``, ``random`` and ``numpy`` RNGs from
             ``(epoch seed, sample index)`` before each sample's ``__getitem__`` and
@@ -187,6 +193,7 @@ class AsyncLoader(Generic[T_co]):
         fetch_threads: int = 1,
         prefetch: int | None = None,
         device: str | torch.device | None = None,
+        device_transform: Callable[[Any], Any] | None = None,
         mp_context: Any = None,
         seed_per_sample: bool = False,
         on_error: str = "raise",
@@ -205,7 +212,8 @@ class AsyncLoader(Generic[T_co]):
             io_concurrency=io_concurrency, fetch_in_workers=fetch_in_workers,
             fetch_threads=fetch_threads, prefetch=prefetch,
             in_order=in_order, pin_memory=pin_memory, pin_memory_device=pin_memory_device,
-            device=device, timeout=timeout, worker_init_fn=worker_init_fn,
+            device=device, device_transform=device_transform, timeout=timeout,
+            worker_init_fn=worker_init_fn,
             persistent_workers=persistent_workers, mp_context=mp_context, generator=generator,
             seed_per_sample=seed_per_sample, on_error=on_error, max_skipped=max_skipped,
             loader_name=type(self).__name__,

@@ -1,0 +1,222 @@
+"""asyncloader.images: ImageBatch (decode, crop, flip, normalise into one batch tensor),
+Normalize, and the loader's device_transform that runs it."""
+
+import io
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import asyncloader.images as images_module
+from asyncloader import AsyncLoader
+from asyncloader.images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageBatch,
+    Normalize,
+    center_box,
+    random_resized_box,
+)
+from examples.image_data import make_images
+
+pytestmark = pytest.mark.timeout(60)
+
+IMAGES = make_images(12, seed=5)
+
+
+def as_dicts(images=IMAGES):
+    return [{"__key__": k, "jpg": b, "cls": str(label).encode()} for k, b, label in images]
+
+
+def jpeg(width, height, seed=0):
+    """A smooth JPEG of the given size (large images for the draft tests)."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (height // 32 + 1, width // 32 + 1, 3), dtype=np.uint8)
+    pixels = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC))
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def test_dict_pair_and_bytes_samples():
+    images, labels = ImageBatch(32)(as_dicts())
+    assert images.shape == (12, 3, 32, 32) and images.dtype == torch.float32
+    assert labels.tolist() == [label for _, _, label in IMAGES]
+    pairs = [(b, label) for _, b, label in IMAGES]
+    assert ImageBatch(32)(pairs)[1].tolist() == labels.tolist()
+    only = ImageBatch((24, 40), output="uint8")([b for _, b, _ in IMAGES])
+    assert isinstance(only, torch.Tensor)
+    assert only.shape == (12, 3, 24, 40) and only.dtype == torch.uint8
+
+
+def test_the_same_seed_gives_the_same_crops_and_flips():
+    def run(seed):
+        random.seed(seed)
+        return ImageBatch(32)(as_dicts())[0]
+
+    assert torch.equal(run(1), run(1))
+    assert not torch.equal(run(1), run(2))
+
+
+def test_float_output_is_the_uint8_output_normalised():
+    random.seed(3)
+    floats = ImageBatch(32)(as_dicts())[0]
+    random.seed(3)
+    raw, labels = ImageBatch(32, output="uint8")(as_dicts())
+    normalised, same_labels = Normalize()((raw, labels))
+    assert normalised.dtype == torch.float32
+    assert torch.allclose(floats, normalised, atol=1e-5)
+    assert same_labels is labels
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    assert torch.allclose(floats, (raw / 255 - mean) / std, atol=1e-5)
+
+
+@pytest.mark.parametrize("box", [(20, 10, 300, 230), (40, 30, 140, 110)])
+def test_resize_matches_pillow_bilinear_within_rounding(monkeypatch, box):
+    """torch's antialiased uint8 kernel in place of Pillow's BILINEAR resize: the same pixels
+    up to rounding, downscaling (280 -> 64) and upscaling (100 -> 128)."""
+    data = IMAGES[0][1]
+    side = 64 if box[2] - box[0] > 200 else 128
+    monkeypatch.setattr(images_module, "center_box", lambda *_: box)
+    got = ImageBatch(side, crop="center", flip=0.0, output="uint8")([data])
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    expected = np.asarray(image.resize((side, side), Image.BILINEAR, box=box))
+    diff = np.abs(got[0].permute(1, 2, 0).numpy().astype(int) - expected.astype(int))
+    assert diff.mean() < 0.5 and diff.max() <= 12
+
+
+def test_random_resized_box_follows_torchvision_rule():
+    random.seed(0)
+    for _ in range(2000):
+        width, height = random.randint(20, 600), random.randint(20, 600)
+        left, top, right, bottom = random_resized_box(width, height, (0.08, 1.0), (0.75, 4 / 3))
+        assert 0 <= left < right <= width and 0 <= top < bottom <= height
+        w, h = right - left, bottom - top
+        # Rounding moves the ratio a little on tiny crops; the fallback clamps to the range.
+        assert 0.75 * 0.8 <= w / h <= 4 / 3 * 1.25 or (w, h) == (width, height)
+
+
+def test_flip_mirrors_the_crop():
+    data = IMAGES[0][1]
+    plain = ImageBatch(32, crop="center", flip=0.0, output="uint8")([data])
+    flipped = ImageBatch(32, crop="center", flip=1.0, output="uint8")([data])
+    assert torch.equal(flipped, plain.flip(3))
+
+
+def test_draft_decodes_large_images_smaller_with_close_pixels():
+    """A 1050-pixel centre crop of a 1600 x 1200 photo is decoded at 1/4: the box widens to
+    the 4-pixel grid, and the pixels stay within 1 of 255 on average of a full decode of that
+    box."""
+    big = jpeg(1600, 1200)
+    assert center_box(1600, 1200, 0.875) == (275, 75, 1325, 1125)
+    drafted = ImageBatch(224, crop="center", flip=0.0, output="uint8", draft=True)([big])
+    full = Image.open(io.BytesIO(big)).convert("RGB")
+    expected = np.asarray(full.resize((224, 224), Image.BILINEAR, box=(272, 72, 1328, 1128)))
+    diff = np.abs(drafted[0].permute(1, 2, 0).numpy().astype(int) - expected.astype(int))
+    assert 0 < diff.mean() < 1.0
+    small = IMAGES[0][1]  # a crop under 2 x 224: decoded in full either way
+    args = {"crop": "center", "flip": 0.0, "output": "uint8"}
+    plain, drafted = ImageBatch(224, **args), ImageBatch(224, draft=True, **args)
+    assert torch.equal(plain([small]), drafted([small]))
+
+
+def test_a_bad_image_names_its_sample():
+    samples = as_dicts()[:3]
+    samples[2] = {**samples[2], "jpg": b"not an image"}
+    with pytest.raises(Exception) as info:
+        ImageBatch(32)(samples)
+    notes = info.value.__notes__
+    assert any("sample 2 of the batch" in note and "000002" in note for note in notes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"size": 0}, "size"),
+        ({"crop": "middle"}, "crop"),
+        ({"output": "float16"}, "output"),
+        ({"flip": 2}, "flip"),
+        ({"scale": (0.5, 0.1)}, "scale"),
+        ({"std": (1, 0, 1)}, "std"),
+        ({"mean": (1, 2)}, "mean"),
+    ],
+)
+def test_bad_arguments_name_themselves(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ImageBatch(**kwargs)
+
+
+def test_samples_of_one_kind_are_required():
+    with pytest.raises(TypeError, match="sample 0"):
+        ImageBatch(32)([123])
+    with pytest.raises(KeyError, match="image_key"):
+        ImageBatch(32)([{"png2": b""}])
+
+
+class Checked:
+    """A collate_fn that reports whether ImageBatch allocated its batch in shared memory."""
+
+    def __init__(self):
+        self.batch = ImageBatch(32)
+
+    def __call__(self, samples):
+        images, labels = self.batch(samples)
+        return images, labels, torch.tensor(images.is_shared())
+
+
+def test_in_workers_the_batch_is_born_in_shared_memory_and_repeats():
+    pairs = [(b, i) for i, (_, b, _) in enumerate(IMAGES)]
+
+    def epoch(workers, collate):
+        loader = AsyncLoader(
+            pairs,
+            batch_size=4,
+            shuffle=True,
+            num_workers=workers,
+            collate_fn=collate,
+            generator=torch.Generator().manual_seed(0),
+        )
+        return list(loader)
+
+    checked = epoch(2, Checked())
+    assert all(bool(shared) for _, _, shared in checked)
+    assert sorted(i for _, labels, _ in checked for i in labels.tolist()) == list(range(12))
+    one, two = epoch(1, ImageBatch(32)), epoch(2, ImageBatch(32))
+    for a, b in zip(one, two, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_device_transform_runs_on_each_batch():
+    pairs = [(b, i) for i, (_, b, _) in enumerate(IMAGES)]
+    loader = AsyncLoader(
+        pairs,
+        batch_size=4,
+        collate_fn=ImageBatch(32, output="uint8"),
+        device_transform=Normalize(),
+    )
+    batches = list(loader)
+    assert [images.dtype for images, _ in batches] == [torch.float32] * 3
+    assert sorted(i for _, labels in batches for i in labels.tolist()) == list(range(12))
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def explode(batch):
+    raise Boom("device transform failed")
+
+
+def test_device_transform_errors_keep_their_type_and_name_the_stage():
+    loader = AsyncLoader(list(range(8)), batch_size=4, device_transform=explode)
+    with pytest.raises(Boom) as info:
+        list(loader)
+    assert any("stage=device" in note for note in info.value.__notes__)
+
+
+def test_device_transform_must_be_callable():
+    with pytest.raises(TypeError, match="device_transform"):
+        AsyncLoader(list(range(8)), device_transform=3)
