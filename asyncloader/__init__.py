@@ -12,6 +12,7 @@ from asyncloader.errors import (
     FetchError,
     LoaderTimeoutError,
     RemoteTraceback,
+    SourceHeavyWarning,
     WorkerCrashedError,
 )
 from asyncloader.loader import AsyncLoader
@@ -23,6 +24,7 @@ __all__ = [
     "LoaderStats",
     "LoaderTimeoutError",
     "RemoteTraceback",
+    "SourceHeavyWarning",
     "WorkerCrashedError",
     "WorkerInfo",
     "get_worker_info",

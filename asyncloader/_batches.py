@@ -14,6 +14,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from asyncloader._claims import Claim
+from asyncloader._heavy import PullMeter
 from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._state import Resume, source_state
@@ -74,7 +75,8 @@ async def stream_batches(
     dataset, stateful = options.dataset, progress.tracks_source
     source_ait = None
     if thread is not None:
-        pull = _sync_puller(dataset, iterator, claim, size, stateful, thread)
+        meter = PullMeter(dataset, options.num_workers)
+        pull = _sync_puller(dataset, iterator, claim, size, stateful, thread, meter)
     else:
         source_ait = iterator
 
@@ -110,9 +112,10 @@ def _sync_puller(
     size: int,
     stateful: bool,
     thread: Executor,
+    meter: PullMeter,
 ) -> Callable[[], Awaitable[tuple[list[Any], Any]]]:
     """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``
-    (under the dataset's claim when it is its own iterator)."""
+    (under the dataset's claim when it is its own iterator), timed by ``meter``."""
     loop = asyncio.get_running_loop()
     stream = sync_stream(dataset, iterator)
 
@@ -128,7 +131,8 @@ def _sync_puller(
                 owner.check(token)
                 return unclaimed()
 
-    return lambda: loop.run_in_executor(thread, take)
+    timed = meter.timed(take)
+    return lambda: loop.run_in_executor(thread, timed)
 
 
 def sync_stream(dataset: Any, iterator: Iterator[Any]) -> Iterator[Any]:

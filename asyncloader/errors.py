@@ -73,3 +73,8 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f'\n"""\n{self.tb}"""'
+
+
+class SourceHeavyWarning(UserWarning):
+    """An iterable source's own ``__iter__``/``__next__`` work took a large share of the
+    training process (warned once per source, with the fix: ``fetch_in_workers=True``)."""
