@@ -188,20 +188,23 @@ class ShardedSource(ClientSource):
         self._position, self._loaded = None, False
 
     def state_dict(self) -> dict[str, int]:
-        """Where this rank is in the epoch: ``{"epoch", "yielded", "rank", "world_size"}``.
+        """Where this rank is in the epoch: ``{"epoch", "yielded", "rank", "world_size",
+        "shuffle_initial"}``.
 
         ``yielded`` counts the samples handed out by the current (or next) iteration,
-        skipped ones included. Valid between any two samples; JSON-friendly.
+        skipped ones included; ``shuffle_initial`` is the one that iteration's order follows.
+        Valid between any two samples; JSON-friendly.
         """
         pos = self._position
         if pos is None:
             rank, world = resolve_ranks(self._rank, self._world)
-            pos = Position(self._epoch, rank, world)
+            pos = Position(self._epoch, rank, world, initial=self._initial)
         return {
             "epoch": pos.epoch,
             "yielded": pos.yielded,
             "rank": pos.rank,
             "world_size": pos.world_size,
+            "shuffle_initial": pos.initial,
         }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
@@ -224,7 +227,10 @@ class ShardedSource(ClientSource):
         if yielded < 0 or (self._counts is not None and yielded > per_rank(self._counts, world)):
             raise ValueError(f"state yielded={yielded} is outside this rank's epoch")
         self._epoch = int(state["epoch"])
-        self._position, self._loaded = Position(self._epoch, rank, world, yielded), True
+        # A state without shuffle_initial predates it: its buffer filled before the first draw.
+        initial = min(int(state.get("shuffle_initial", self._buffer_size)), self._buffer_size)
+        self._position = Position(self._epoch, rank, world, yielded, initial)
+        self._loaded = True
 
     def slices(self) -> list[Slice]:
         """The shard slices this rank reads in the current epoch, in reading order."""
@@ -251,9 +257,11 @@ class ShardedSource(ClientSource):
         workers read disjoint shards (a worker without a slice yields nothing), each shuffled
         with its own RNG."""
         rank, world = resolve_ranks(self._rank, self._world)
-        start = self._position.yielded if self._position is not None and self._loaded else 0
+        start, initial = 0, self._initial
+        if self._position is not None and self._loaded:
+            start, initial = self._position.yielded, self._position.initial
         self._loaded = False
-        self._position = Position(self._epoch, rank, world, start)
+        self._position = Position(self._epoch, rank, world, start, initial)
         seed = f"{self._seed}:{self._epoch}:{rank}:samples"
         slices = self.slices()
         worker, workers = _worker_part()
@@ -268,7 +276,6 @@ class ShardedSource(ClientSource):
             self._buffer_size,
             self._concurrency,
             self._position,
-            self._initial,
         )
 
     def __repr__(self) -> str:

@@ -59,6 +59,8 @@ class Position:
     rank: int
     world_size: int
     yielded: int = 0
+    #: Samples in the shuffle buffer before its first draw (None: a full buffer).
+    initial: int | None = None
 
 
 class _Failed:
@@ -75,9 +77,10 @@ class ShardStream:
             samples ``i`` with ``want(i)``, reading past (undecoded) the others.
         rng: The shuffle buffer's RNG, seeded from (seed, epoch, rank); None: no shuffling.
         buffer_size: Shuffle buffer size.
-        initial: Samples in the buffer before the first draw (see :mod:`._interleave`).
         concurrency: Slices read at once, and slots of the interleave.
-        position: Counts the samples handed out; its ``yielded`` is where this pass starts.
+        position: Counts the samples handed out; its ``yielded`` is where this pass starts,
+            its ``initial`` how full the buffer gets before the first draw (see
+            :mod:`._interleave`).
 
     Invariant: ``len(buffer) <= buffer_size``, each queue holds ``<= DEPTH`` samples.
     """
@@ -90,10 +93,10 @@ class ShardStream:
         buffer_size: int,
         concurrency: int,
         position: Position,
-        initial: int | None = None,
     ) -> None:
         self._slices, self._items, self._rng = slices, items, rng
         self._size = buffer_size if rng is not None else 1
+        initial = position.initial
         self._initial = min(self._size, self._size if initial is None else initial)
         self.position = position
         self._drop = 0
@@ -101,9 +104,7 @@ class ShardStream:
         self._done = False
         lengths = [s.take for s in slices if s.take is not None]
         if position.yielded and len(lengths) == len(slices):
-            back = rewind(
-                lengths, concurrency, rng, self._size, position.yielded, self._initial
-            )
+            back = rewind(lengths, concurrency, rng, self._size, position.yielded, self._initial)
             self._draws = position.yielded
             self._inter, self._done = back.interleave, back.done
             self._wanted = {pos: i for i, pos in enumerate(back.buffer)}

@@ -220,7 +220,13 @@ def test_a_state_from_another_rank_or_past_the_end_is_refused(tmp_path):
     """load_state_dict checks the rank, the world size and the position."""
     paths = write_shards(tmp_path, SIZES)
     state = make(paths, rank=0, world_size=2).state_dict()
-    assert state == {"epoch": 0, "yielded": 0, "rank": 0, "world_size": 2}
+    assert state == {
+        "epoch": 0,
+        "yielded": 0,
+        "rank": 0,
+        "world_size": 2,
+        "shuffle_initial": 6,
+    }
     with pytest.raises(ValueError, match="saved by rank 0 of 2, this source is rank 1 of 2"):
         make(paths, rank=1, world_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="yielded=99 is outside this rank's epoch"):
@@ -318,3 +324,15 @@ def test_a_growing_shuffle_buffer_gives_each_sample_once_and_resumes_exactly(tmp
 def test_shuffle_initial_is_checked(tmp_path, value, error):
     with pytest.raises(error, match="shuffle_initial"):
         make(write_shards(tmp_path, [2]), [2], shuffle_buffer=6, shuffle_initial=value)
+
+
+def test_a_state_from_before_shuffle_initial_resumes_with_a_full_first_fill(tmp_path):
+    """A checkpoint without shuffle_initial was taken when the buffer filled before the first
+    draw: resuming it follows that order, so nothing is lost or repeated."""
+    paths = write_shards(tmp_path, SIZES)
+    old = make(paths, shuffle_buffer=20, shuffle_initial=20)
+    reference = take(old)
+    head, state = stop_after(make(paths, shuffle_buffer=20, shuffle_initial=20), 9)
+    del state["shuffle_initial"]
+    rest, _ = resumed(lambda: make(paths, shuffle_buffer=20, shuffle_initial=3), state)
+    assert head + rest == reference
