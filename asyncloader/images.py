@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from asyncloader._compat import empty_shared
+from asyncloader._malloc import empty_huge
 from asyncloader._worker import shares_batches
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -200,7 +201,7 @@ class ImageBatch:
         height, width = self.size
         shape = (n, 3, height, width)
         dtype = _OUTPUTS[self.output]
-        images = empty_shared(shape, dtype) if shares_batches() else torch.empty(shape, dtype=dtype)
+        images = empty_shared(shape, dtype) if shares_batches() else empty_huge(shape, dtype)
         slots = images.numpy()
         labels: list[int] = []
         for i, sample in enumerate(samples):
@@ -339,7 +340,11 @@ class Normalize:
         if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != 3:
             return x
         gain, bias = self._constants(x.device)
-        return torch.addcmul(bias, x.to(torch.float32), gain)
+        if x.device.type != "cpu":
+            return torch.addcmul(bias, x.to(torch.float32), gain)
+        out = empty_huge(tuple(x.shape), torch.float32).copy_(x)
+        # In place on float32: addcmul of mixed dtypes takes a slow path (4x here).
+        return torch.addcmul(bias, out, gain, out=out)
 
     def __call__(self, batch: Any) -> Any:
         if isinstance(batch, torch.Tensor):

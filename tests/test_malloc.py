@@ -1,5 +1,6 @@
 """Worker processes keep one batch's freed sample memory for the next batch."""
 
+import gc
 import platform
 import subprocess
 import sys
@@ -7,8 +8,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from asyncloader import AsyncLoader
+from asyncloader._malloc import empty_huge
 
 pytestmark = pytest.mark.skipif(
     platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc's (mallopt)"
@@ -83,3 +86,19 @@ def test_asyncloader_workers_keep_freed_memory():
         counts = [int(c) for c in loader]
     assert len(counts) == 2
     assert max(counts) < PAGES // 4, counts
+
+
+def test_empty_huge_is_a_writable_tensor_that_keeps_its_mapping():
+    big = empty_huge((3, 1024, 1024), torch.float32)  # 12 MiB: its own mapping
+    assert big.shape == (3, 1024, 1024) and big.dtype == torch.float32
+    big.fill_(2.5)
+    other = empty_huge((3, 1024, 1024), torch.float32)
+    other.zero_()
+    gc.collect()
+    assert float(big.sum()) == 2.5 * big.numel()  # not shared with the second one
+    view = big[1]
+    del big
+    gc.collect()
+    assert float(view.sum()) == 2.5 * view.numel()  # the mapping lives as long as a view
+    small = empty_huge((4,), torch.uint8)  # below HUGE_BYTES: torch.empty
+    assert small.shape == (4,) and small.dtype == torch.uint8
