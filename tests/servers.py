@@ -32,6 +32,8 @@ from pathlib import Path
 
 from aiohttp import ClientSession, web
 
+from asyncloader._orphans import _die_with_parent as die_with_parent
+
 FAULTS = ("503", "429", "403", "404", "reset", "truncate", "short", "stall")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
@@ -305,6 +307,9 @@ class SeaweedS3:
              f"-s3.config={config}", f"-bucket={BUCKET}", "-master.volumeSizeLimitMB=64",
              f"-s3.localSocket={self.dir}/s3.sock", f"-filer.localSocket={self.dir}/filer.sock"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            # Killed with the test process even when that is killed itself (a CI timeout):
+            # __exit__ never runs then, and the server would outlive the run.
+            preexec_fn=die_with_parent,
         )  # fmt: skip
         self._wait_ready()
         return self
