@@ -1,0 +1,769 @@
+"""Real image training input (issue 17): JPEG tar shards over HTTP, webdataset + DataLoader
+against asyncloader, side by side.
+
+Workload: 4,000 JPEGs (about 70 KB, 320-500 x 240-375 px, :mod:`examples.image_data`) in 40
+WebDataset tar shards of 100 (``{key}.jpg``, ``{key}.cls``), served by one
+:class:`examples.latency_server.LatencyServer` (its own process, 127.0.0.1, 20 ms added to every
+request) that runs for the whole comparison. Every image is decoded from its bytes with Pillow,
+cropped with torchvision's ``RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3))`` rule,
+flipped with p=0.5, made ``float32`` CHW and ImageNet-normalised; batches of 64; a shuffle buffer
+of 1000 samples (first sample out at 100) everywhere. Pipelines:
+
+- ``wds+DataLoader/N``, the reference: ``wds.WebDataset(urls, shardshuffle=100)`` (its default
+  splitters: each of the N workers reads its share of the shards) ``.shuffle(1000)
+  .map(transform).batched(64)`` in ``DataLoader(batch_size=None, num_workers=N)``, batching in
+  the workers as webdataset's README and examples do. ``transform`` is
+  :func:`reference_transform` (Pillow + numpy, what torchvision's transforms do, without
+  torchvision);
+- ``wds+DataLoader(batch_size=64)/2``: the same, batched by DataLoader (``batch_size=64``)
+  instead of ``.batched(64)``: ``default_collate`` stacks into shared memory directly, where
+  webdataset's collation stacks into private memory that the worker's queue then copies into
+  shared memory (about 0.35 CPU ms per image here), so this variant is the stronger reference;
+- ``ours/N``: ``ShardedSource(urls, shuffle_buffer=1000)`` in ``AsyncLoader(batch_size=64,
+  num_workers=N, fetch_in_workers=True, collate_fn=ImageBatch(224))``;
+- ``ours/2 uint8+draft`` and ``ours/2 uint8``: ``ImageBatch(224, output="uint8", draft=...)``
+  with ``device_transform=Normalize()`` (the normalisation on the loader's device stage, here on
+  the CPU, so it is inside the measurement);
+- ``wds-object/2``: the reference's webdataset pipeline object (before ``.batched``) given as
+  it is to ``AsyncLoader(batch_size=64, num_workers=2, fetch_in_workers=True)``;
+- ``decode alone``: no loader, one process, one torch thread: :func:`reference_transform` over
+  every image, and ``ImageBatch`` over lists of 64 samples, read from the local shard files
+  (parsed before the clock). Its CPU per image is the floor a loader's CPU per image is
+  compared with.
+
+Every pipeline also returns each sample's key, and every run is checked (:class:`ImageChecker`):
+each of the 4,000 keys exactly once, its label, the batch's shape and dtype (``float32``, after
+``Normalize`` where it applies), values in the normalised range. A run that fails the check is
+an error, not a number. Each run is a fresh process (:func:`benchmarks.side_by_side
+.in_fresh_process`'s way, with the tree's RSS sampled from this process as
+:mod:`benchmarks.bench` does); pipelines alternate in rounds; ratios to the reference are taken
+per round (paired), then their median. Timed as :func:`benchmarks.run_one.measure` times: the
+clock starts just before the loader is built and stops at its last batch; CPU is that of the
+whole process tree.
+
+``python -m benchmarks.probes.jpeg_shards [--reps 3] [--images 4000] [--only NAME ...]
+[--json PATH] [--plot PATH]``; ``--replot JSON [--plot PATH]`` prints the table of a saved
+``--json`` again and plots it (matplotlib, from the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZE = 224
+BATCH = 64
+PER_SHARD = 100
+LATENCY_S = 0.020
+SHUFFLE = 1000
+SCALE = (0.08, 1.0)
+RATIO = (3 / 4, 4 / 3)
+CLASSES = 10  # examples.image_data labels sample i with i % 10
+MEAN = np.array((0.485, 0.456, 0.406), dtype=np.float32)
+STD = np.array((0.229, 0.224, 0.225), dtype=np.float32)
+REFERENCE = "wds+DataLoader/2"
+ALT_REFERENCE = "wds+DataLoader(batch_size=64)/2"  # the same, batched by DataLoader instead
+RUN_TIMEOUT_S = 600
+SAMPLE_EVERY_S = 0.02
+REFRESH_EVERY_S = 0.1
+
+# ---------------------------------------------------------------------------------------------
+# The reference transform: torchvision's RandomResizedCrop + RandomHorizontalFlip + ToTensor +
+# Normalize, in Pillow and numpy.
+
+
+def reference_pixels(jpeg: bytes) -> np.ndarray:
+    """Decode, ``RandomResizedCrop(224)`` (torchvision's box rule, the one
+    :func:`asyncloader.images.random_resized_box` implements), Pillow's ``BILINEAR`` resize,
+    flip (p=0.5), ``float32 / 255``, ImageNet normalisation, CHW: torchvision's usual training
+    transform, in Pillow + numpy."""
+    from PIL import Image
+
+    from asyncloader.images import random_resized_box
+
+    image = Image.open(io.BytesIO(jpeg)).convert("RGB")
+    box = random_resized_box(*image.size, SCALE, RATIO)
+    image = image.resize((SIZE, SIZE), Image.BILINEAR, box=box)
+    if random.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    x = np.asarray(image, dtype=np.float32)
+    x /= 255.0
+    x -= MEAN
+    x /= STD
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def reference_transform(sample: dict[str, Any]) -> tuple[Any, int]:
+    """One webdataset sample (``{"__key__", "jpg": bytes, "cls": b"3"}``) -> ``(float32
+    [3, 224, 224] normalised, label)``: :func:`reference_pixels` as a tensor."""
+    import torch
+
+    return torch.from_numpy(reference_pixels(sample["jpg"])), int(sample["cls"])
+
+
+def keyed_transform(sample: dict[str, Any]) -> tuple[Any, int, str]:
+    """:func:`reference_transform` with the sample's key added, for the exactly-once check."""
+    image, label = reference_transform(sample)
+    return image, label, sample["__key__"]
+
+
+class KeyedImageBatch:
+    """``ImageBatch(224, **options)`` as a ``collate_fn`` that also returns the samples' keys:
+    ``(images, labels, keys)`` (a top-level class: it goes to the workers by pickle)."""
+
+    def __init__(self, **options: Any) -> None:
+        from asyncloader.images import ImageBatch
+
+        self.batch = ImageBatch(SIZE, **options)
+
+    def __call__(self, samples: Sequence[dict[str, Any]]) -> tuple[Any, Any, list[str]]:
+        images, labels = self.batch(samples)
+        return images, labels, [s["__key__"] for s in samples]
+
+
+# ---------------------------------------------------------------------------------------------
+# The check.
+
+
+class DeliveryError(AssertionError):
+    """A run delivered the wrong images: missing, repeated, foreign, mislabelled or malformed."""
+
+
+# The normalised range: (0 - mean) / std .. (1 - mean) / std, with a margin for rounding.
+_LOW = float(((0 - MEAN) / STD).min()) - 0.01
+_HIGH = float(((1 - MEAN) / STD).max()) + 0.01
+
+
+class ImageChecker:
+    """Accumulates ``(images, labels, keys)`` batches; :meth:`verify` fails unless every
+    expected key came exactly once. Each batch: ``float32 [B, 3, 224, 224]`` images whose values
+    (a strided sample of them) lie in the normalised range, ``B`` labels equal to the key's
+    ``int(key) % 10``, ``B`` keys. Same interface as :class:`benchmarks.checks.Checker`
+    (``n``, ``add``, ``verify``, ``summary``), so :func:`benchmarks.run_one.measure` takes it."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self.n = len(keys)
+        self.expected = Counter(keys)
+        self.seen: Counter[str] = Counter()
+        self.batches = 0
+        self.sizes: Counter[int] = Counter()
+
+    def add(self, batch: Any) -> int:
+        import torch
+
+        try:
+            images, labels, keys = batch
+        except (TypeError, ValueError):
+            raise DeliveryError(
+                f"a batch must be (images, labels, keys), got {type(batch)}"
+            ) from None
+        keys = list(keys)
+        b = len(keys)
+        if not isinstance(images, torch.Tensor):
+            raise DeliveryError(f"images must be a tensor, got {type(images).__qualname__}")
+        if images.dtype != torch.float32 or tuple(images.shape) != (b, 3, SIZE, SIZE):
+            raise DeliveryError(f"images {images.dtype} {tuple(images.shape)} for {b} keys")
+        # numpy, not torch: torch's reductions would start OpenMP threads in the training
+        # process, whose spin-waiting takes CPU from the loader being measured.
+        spot = images.numpy()[:, :, ::13, ::13]
+        low, high = float(spot.min()), float(spot.max())
+        if not (low >= _LOW and high <= _HIGH):  # also false for NaN
+            raise DeliveryError(f"image values {low:.3f}..{high:.3f} outside the normalised range")
+        got = [int(x) for x in np.asarray(labels).reshape(-1)]
+        want = [int(k) % CLASSES for k in keys]
+        if got != want:
+            raise DeliveryError(f"labels {got[:8]}... do not match keys {keys[:8]}...")
+        self.seen.update(keys)
+        self.batches += 1
+        self.sizes[b] += 1
+        return b
+
+    def verify(self) -> None:
+        if self.seen == self.expected:
+            return
+        missing = self.expected - self.seen
+        extra = self.seen - self.expected
+        raise DeliveryError(
+            f"{sum(self.seen.values())} images for {self.n} expected: "
+            f"{sum(missing.values())} missing (e.g. {sorted(missing)[:5]}), "
+            f"{sum(extra.values())} repeated or foreign (e.g. {sorted(extra)[:5]})"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "images": sum(self.seen.values()),
+            "batches": self.batches,
+            "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())},
+        }
+
+
+def expected_keys(images: int) -> list[str]:
+    """The keys :func:`examples.image_data.make_images` gives ``images`` samples."""
+    return [f"{i:06d}" for i in range(images)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipelines: each a context manager over ``urls`` that builds its loader when entered (the
+# clock is already running) and yields an iterable of ``(images, labels, keys)`` batches.
+
+
+def wds_dataset(urls: Sequence[str]) -> Any:
+    """The reference's webdataset pipeline, before batching: per-sample
+    ``(image, label, key)``. Default node and worker splitters: each worker reads its share of
+    the shards; shard order shuffled (buffer 100 > 40 shards), samples shuffled in 1000
+    (webdataset's ``initial`` is 100)."""
+    import webdataset as wds
+
+    return (
+        wds.WebDataset(list(urls), shardshuffle=100, seed=0).shuffle(SHUFFLE).map(keyed_transform)
+    )
+
+
+@contextlib.contextmanager
+def wds_dataloader(urls: Sequence[str], workers: int, wds_batched: bool = True) -> Iterator[Any]:
+    """webdataset + DataLoader, batched in the workers: by webdataset (``.batched(64)``,
+    ``batch_size=None``, as its README and examples do), or by DataLoader (``batch_size=64``:
+    ``default_collate`` stacks straight into shared memory, where webdataset's collation
+    stacks into private memory that the worker's queue then copies to shared memory)."""
+    from torch.utils.data import DataLoader
+
+    if wds_batched:
+        loader = DataLoader(wds_dataset(urls).batched(BATCH), batch_size=None, num_workers=workers)
+    else:
+        loader = DataLoader(wds_dataset(urls), batch_size=BATCH, num_workers=workers)
+    it = iter(loader)
+    try:
+        yield it
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+@contextlib.contextmanager
+def ours(
+    urls: Sequence[str], workers: int, output: str = "float32", draft: bool = False, **options: Any
+) -> Iterator[Any]:
+    """ShardedSource + AsyncLoader + ImageBatch; with ``output="uint8"``, ``Normalize()`` on
+    the device stage."""
+    from asyncloader import AsyncLoader
+    from asyncloader.sources import ShardedSource
+
+    if output == "uint8":
+        from asyncloader.images import Normalize
+
+        options["device_transform"] = Normalize()
+    loader = AsyncLoader(
+        ShardedSource(list(urls), shuffle_buffer=SHUFFLE),
+        batch_size=BATCH,
+        num_workers=workers,
+        fetch_in_workers=True,
+        collate_fn=KeyedImageBatch(output=output, draft=draft),
+        **options,
+    )
+    with loader, contextlib.closing(iter(loader)) as it:
+        yield it
+
+
+@contextlib.contextmanager
+def wds_object(urls: Sequence[str], workers: int) -> Iterator[Any]:
+    """The reference's webdataset pipeline object, unchanged, in AsyncLoader."""
+    from asyncloader import AsyncLoader
+
+    loader = AsyncLoader(
+        wds_dataset(urls), batch_size=BATCH, num_workers=workers, fetch_in_workers=True
+    )
+    with loader, contextlib.closing(iter(loader)) as it:
+        yield it
+
+
+PIPELINES: dict[str, Callable[[Sequence[str]], contextlib.AbstractContextManager[Any]]] = {
+    "wds+DataLoader/2": lambda urls: wds_dataloader(urls, 2),
+    ALT_REFERENCE: lambda urls: wds_dataloader(urls, 2, wds_batched=False),
+    "ours/2": lambda urls: ours(urls, 2),
+    "ours/2 uint8+draft": lambda urls: ours(urls, 2, output="uint8", draft=True),
+    "ours/2 uint8": lambda urls: ours(urls, 2, output="uint8"),
+    "wds-object/2": lambda urls: wds_object(urls, 2),
+    "wds+DataLoader/1": lambda urls: wds_dataloader(urls, 1),
+    "ours/1": lambda urls: ours(urls, 1),
+}
+ALONE = "decode alone"
+# The reference each pipeline's ratio is taken to (same round).
+BASELINES = {name: "wds+DataLoader/1" if name.endswith("/1") else REFERENCE for name in PIPELINES}
+
+
+# ---------------------------------------------------------------------------------------------
+# One run, in this (fresh) process.
+
+
+def _prepare() -> None:
+    """Before the clock: every library any pipeline uses imported, the heap collected."""
+    warnings.filterwarnings("ignore", module="webdataset")
+    import PIL.Image  # noqa: F401
+    import torch  # noqa: F401
+    import webdataset  # noqa: F401
+
+    import asyncloader
+    import asyncloader.images
+    import asyncloader.sources  # noqa: F401
+
+    gc.collect()
+
+
+def shard_urls(port: int, images: int) -> list[str]:
+    return [f"http://127.0.0.1:{port}/{i}" for i in range(-(-images // PER_SHARD))]
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_pipeline(name: str, port: int, images: int) -> dict[str, Any]:
+    """One epoch of pipeline ``name`` over the server's shards, checked; its timings."""
+    from benchmarks.run_one import measure
+
+    _prepare()
+    checker = ImageChecker(expected_keys(images))
+    self0 = _self_cpu()
+    timings = measure(PIPELINES[name](shard_urls(port, images)), checker)
+    main_cpu = _self_cpu() - self0
+    return {
+        "pipeline": name,
+        "images": images,
+        **timings,
+        "images_per_s": timings["items_per_s"],
+        "cpu_ms_per_image": timings["cpu_ms_per_item"],
+        "main_cpu_ms_per_image": main_cpu * 1e3 / images,
+        "self_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "check": {"ok": True, **checker.summary()},
+    }
+
+
+def read_samples(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The samples of local tar shards, as webdataset and ShardedSource give them."""
+    samples: list[dict[str, Any]] = []
+    for path in paths:
+        with tarfile.open(path) as tar:
+            current: dict[str, Any] = {}
+            for member in tar:
+                key, _, ext = member.name.partition(".")
+                if current.get("__key__") != key:
+                    if current:
+                        samples.append(current)
+                    current = {"__key__": key, "__url__": str(path)}
+                current[ext] = tar.extractfile(member).read()
+            if current:
+                samples.append(current)
+    return samples
+
+
+ALONE_CASES = {
+    "alone: reference_transform": None,
+    "alone: ImageBatch": {},
+    "alone: ImageBatch uint8+draft": {"output": "uint8", "draft": True},
+    "alone: ImageBatch uint8": {"output": "uint8"},
+}
+
+
+def run_alone(images: int) -> dict[str, Any]:
+    """Decode + transform with no loader: one process, one torch thread, samples in memory.
+    CPU per image of this process; the ``uint8`` cases include ``Normalize`` on each batch."""
+    import torch
+
+    from examples.image_data import cached_shards
+
+    _prepare()
+    torch.set_num_threads(1)
+    samples = read_samples(cached_shards(images, PER_SHARD, seed=0))
+    keys = expected_keys(images)
+    out: dict[str, Any] = {"pipeline": ALONE, "images": images, "cases": {}}
+    for case, options in ALONE_CASES.items():
+        checker = ImageChecker(keys)
+        gc.collect()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        if options is None:
+            for s in samples:
+                image, label = reference_transform(s)
+                checker.add((image[None], [label], [s["__key__"]]))
+        else:
+            from asyncloader.images import Normalize
+
+            collate, normalize = KeyedImageBatch(**options), Normalize()
+            for i in range(0, len(samples), BATCH):
+                checker.add(normalize(collate(samples[i : i + BATCH])))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        checker.verify()
+        out["cases"][case] = {
+            "images_per_s": images / wall,
+            "cpu_ms_per_image": cpu * 1e3 / images,
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver.
+
+
+def _tree_rss(procs: dict[int, Any]) -> int:
+    import psutil
+
+    total = 0
+    for pid, proc in list(procs.items()):
+        try:
+            total += proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            del procs[pid]
+    return total
+
+
+def in_fresh_process(*args: object) -> dict[str, Any]:
+    """``python -m benchmarks.probes.jpeg_shards args...`` in a fresh process, its tree's RSS
+    sampled from here every 20 ms (as :func:`benchmarks.bench.run_case`); its JSON result,
+    with ``peak_rss_mb`` (shared memory counted in every process that maps it)."""
+    import psutil
+
+    cmd = [sys.executable, "-m", "benchmarks.probes.jpeg_shards", *map(str, args)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT)
+        root = psutil.Process(proc.pid)
+        procs, peak, refreshed = {proc.pid: root}, 0, 0.0
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now > deadline:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"{args} ran past {RUN_TIMEOUT_S} s")
+            if now - refreshed >= REFRESH_EVERY_S:
+                with contextlib.suppress(psutil.Error):
+                    for child in root.children(recursive=True):
+                        procs.setdefault(child.pid, child)
+                refreshed = now
+            peak = max(peak, _tree_rss(procs))
+            time.sleep(SAMPLE_EVERY_S)
+        out.seek(0)
+        err.seek(0)
+        lines = out.read().strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"{args} failed (exit {proc.returncode}):\n{err.read()[-4000:]}")
+    result = json.loads(lines[-1])
+    result["peak_rss_mb"] = peak / 2**20
+    return result
+
+
+KEYS = (
+    "images_per_s",
+    "ttfb_s",
+    "cpu_ms_per_image",
+    "main_cpu_ms_per_image",
+    "peak_rss_mb",
+    "wall_s",
+)
+
+
+def summarise(runs: dict[str, list[dict]], alone: list[dict]) -> dict[str, Any]:
+    """Medians per pipeline, paired ratios (per round, then the median), the targets."""
+    medians: dict[str, dict[str, Any]] = {}
+    for name, rs in runs.items():
+        m = {key: statistics.median(r[key] for r in rs) for key in KEYS}
+        m["images_per_s_min"] = min(r["images_per_s"] for r in rs)
+        m["images_per_s_max"] = max(r["images_per_s"] for r in rs)
+        base = BASELINES[name]
+        if base in runs and name != base:
+            pairs = list(zip(rs, runs[base], strict=False))
+            m["baseline"] = base
+            m["ratio"] = statistics.median(a["images_per_s"] / b["images_per_s"] for a, b in pairs)
+            m["ttfb_ratio"] = statistics.median(a["ttfb_s"] / b["ttfb_s"] for a, b in pairs)
+        if ALT_REFERENCE in runs and name not in (ALT_REFERENCE, REFERENCE) and base == REFERENCE:
+            pairs = list(zip(rs, runs[ALT_REFERENCE], strict=False))
+            m["ratio_to_alt"] = statistics.median(
+                a["images_per_s"] / b["images_per_s"] for a, b in pairs
+            )
+        m["runs"] = len(rs)
+        medians[name] = m
+    for case in ALONE_CASES:
+        if alone:
+            medians[case] = {
+                key: statistics.median(a["cases"][case][key] for a in alone)
+                for key in ("images_per_s", "cpu_ms_per_image")
+            } | {"runs": len(alone)}
+    return {"medians": medians, "targets": targets(medians)}
+
+
+def targets(m: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, each with what was measured and whether it was met."""
+    out: list[dict[str, Any]] = []
+
+    def add(what: str, value: float, goal: str, met: bool) -> None:
+        out.append({"target": what, "measured": value, "goal": goal, "met": bool(met)})
+
+    if "ratio" in m.get("ours/2", {}):
+        add(
+            "ours/2 vs wds+DataLoader/2, images/s",
+            m["ours/2"]["ratio"],
+            ">= 1.3x",
+            m["ours/2"]["ratio"] >= 1.3,
+        )
+    if "ratio_to_alt" in m.get("ours/2", {}):
+        r = m["ours/2"]["ratio_to_alt"]
+        add(f"ours/2 vs {ALT_REFERENCE}, images/s", r, ">= 1.3x", r >= 1.3)
+    if "ratio" in m.get("ours/2 uint8+draft", {}):
+        r = m["ours/2 uint8+draft"]["ratio"]
+        add("ours/2 uint8+draft vs wds+DataLoader/2, images/s", r, ">= 1.5x", r >= 1.5)
+    for name, alone in (
+        ("ours/2", "alone: ImageBatch"),
+        ("ours/2 uint8+draft", "alone: ImageBatch uint8+draft"),
+    ):
+        if name in m and alone in m:
+            excess = m[name]["cpu_ms_per_image"] / m[alone]["cpu_ms_per_image"] - 1
+            add(f"{name} CPU/image over {alone}", excess, "<= +15%", excess <= 0.15)
+    if "ours/2" in m and "alone: reference_transform" in m:
+        excess = (
+            m["ours/2"]["cpu_ms_per_image"] / m["alone: reference_transform"]["cpu_ms_per_image"]
+            - 1
+        )
+        add("ours/2 CPU/image over alone: reference_transform", excess, "<= +15%", excess <= 0.15)
+    if "ttfb_ratio" in m.get("ours/2", {}):
+        r = m["ours/2"]["ttfb_ratio"]
+        add("ours/2 first batch / wds+DataLoader/2's", r, "<= 1.0x", r <= 1.0)
+    if "ratio" in m.get("wds-object/2", {}):
+        r = m["wds-object/2"]["ratio"]
+        add("wds-object/2 vs wds+DataLoader/2, images/s", r, ">= 1.0x", r >= 1.0)
+    return out
+
+
+def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
+    """The markdown table of the medians, and the targets."""
+    lines = [
+        f"{args.images} JPEGs in {-(-args.images // PER_SHARD)} shards over HTTP "
+        f"(+{LATENCY_S * 1e3:.0f} ms/request), batches of {BATCH}, {args.reps} fresh processes "
+        "each, pipelines alternating; medians (ratio: per round, to the same round's reference, "
+        "then the median)",
+        "",
+        "| pipeline | images/s | ratio | first batch s | CPU ms/image | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, m in summary["medians"].items():
+        if name.startswith("alone:"):
+            lines.append(
+                f"| {name} | {m['images_per_s']:.0f} | | | {m['cpu_ms_per_image']:.2f} | |"
+            )
+            continue
+        ratio = (
+            f"{m['ratio']:.2f}x"
+            if "ratio" in m
+            else "1.00x (ref)"
+            if name in (REFERENCE, "wds+DataLoader/1")
+            else ""
+        )
+        lines.append(
+            f"| {name} | {m['images_per_s']:.0f} | {ratio} | {m['ttfb_s']:.2f} | "
+            f"{m['cpu_ms_per_image']:.2f} | {m['peak_rss_mb']:.0f} |"
+        )
+    if summary["targets"]:
+        lines += ["", "| target | measured | goal | met |", "|---|---:|---|---|"]
+        for t in summary["targets"]:
+            value = t["measured"]
+            shown = f"{value:+.0%}" if "%" in t["goal"] else f"{value:.2f}x"
+            lines.append(
+                f"| {t['target']} | {shown} | {t['goal']} | {'met' if t['met'] else 'not met'} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any], path: str) -> None:
+    """Images/s (median, min-max over rounds) and CPU ms per image, per pipeline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = summary["medians"]
+    loaders = [n for n in m if not n.startswith("alone:")]
+    colors = [
+        "#d62728"
+        if n.startswith("wds+DataLoader")
+        else "#ff7f0e"
+        if n.startswith("wds-object")
+        else "#9467bd"
+        for n in loaders
+    ]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    y = [m[n]["images_per_s"] for n in loaders]
+    err = [
+        [v - m[n]["images_per_s_min"] for v, n in zip(y, loaders, strict=True)],
+        [m[n]["images_per_s_max"] - v for v, n in zip(y, loaders, strict=True)],
+    ]
+    ax1.bar(range(len(loaders)), y, color=colors, yerr=err, capsize=3)
+    ax1.set_ylim(0, 1.15 * max(m[n]["images_per_s_max"] for n in loaders))
+    for i, n in enumerate(loaders):
+        if "ratio" in m[n]:
+            ax1.annotate(
+                f"{m[n]['ratio']:.2f}x",
+                (i, m[n]["images_per_s_max"]),
+                ha="center",
+                va="bottom",
+                xytext=(0, 4),
+                textcoords="offset points",
+            )
+    if REFERENCE in m:
+        for k, style in ((1.3, "--"), (1.5, ":")):
+            ax1.axhline(
+                m[REFERENCE]["images_per_s"] * k,
+                color="grey",
+                ls=style,
+                lw=1,
+                label=f"{k}x {REFERENCE}",
+            )
+        ax1.legend(loc="upper right", fontsize=8)
+    ax1.set_xticks(range(len(loaders)), loaders, rotation=30, ha="right", fontsize=8)
+    ax1.set_ylabel("images/s (epoch, incl. start)")
+    ax1.set_title("Throughput (median; bars: min-max of rounds)")
+    names = [*loaders, *(n for n in m if n.startswith("alone:"))]
+    ax2.bar(
+        range(len(names)),
+        [m[n]["cpu_ms_per_image"] for n in names],
+        color=[*colors, *["#7f7f7f"] * (len(names) - len(loaders))],
+    )
+    ax2.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax2.set_ylabel("CPU ms per image (whole process tree)")
+    ax2.set_title("CPU per image (grey: no loader, one thread)")
+    fig.suptitle(
+        "4,000 JPEGs, 40 tar shards over HTTP (+20 ms), RandomResizedCrop 224, "
+        f"batches of 64, {os.cpu_count()} cores"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=[*PIPELINES, ALONE],
+        metavar="NAME",
+        help=f"run only these: {', '.join(map(repr, [*PIPELINES, ALONE]))}",
+    )
+    parser.add_argument("--json", help="also write the summary here")
+    parser.add_argument("--plot", help="also plot it here (PNG)")
+    parser.add_argument("--replot", metavar="JSON", help="only plot a saved --json to --plot")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as saved:
+            saved_run = json.load(saved)
+        summary = summarise(saved_run["runs"], saved_run["alone_runs"])
+        args.images, args.reps = saved_run["workload"]["images"], saved_run["reps"]
+        print(table(summary, args))
+        plot(summary, args.plot or str(Path(args.replot).with_suffix(".png")))
+        return
+    if args.one:
+        # This module by its name, not as __main__: what goes to workers pickles by that name.
+        from benchmarks.probes import jpeg_shards
+
+        if args.one == ALONE:
+            print(json.dumps(jpeg_shards.run_alone(args.images)))
+            return
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        print(json.dumps(jpeg_shards.run_pipeline(args.one, args.port, args.images)))
+        return
+
+    from examples.image_data import cached_shards
+    from examples.latency_server import LatencyServer
+
+    chosen = args.only or [*PIPELINES, ALONE]
+    bodies = [p.read_bytes() for p in cached_shards(args.images, PER_SHARD, seed=0)]
+    runs: dict[str, list[dict]] = {name: [] for name in chosen if name != ALONE}
+    alone: list[dict] = []
+    load_before = os.getloadavg()
+    with LatencyServer(bodies, latency=LATENCY_S) as server:
+        for rep in range(args.reps):
+            for name in chosen:
+                if name == ALONE:
+                    alone.append(in_fresh_process("--one", ALONE, "--images", args.images))
+                    continue
+                result = in_fresh_process(
+                    "--one", name, "--port", server.port, "--images", args.images
+                )
+                result["rep"] = rep
+                runs[name].append(result)
+                print(
+                    f"  round {rep + 1}: {name:22s} {result['images_per_s']:6.0f} images/s, "
+                    f"first {result['ttfb_s']:.2f} s, {result['cpu_ms_per_image']:.2f} CPU "
+                    "ms/image",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    summary = summarise(runs, alone)
+    print(table(summary, args))
+    print(
+        "load average before / after:",
+        *(f"{x:.2f}" for x in load_before),
+        "/",
+        *(f"{x:.2f}" for x in os.getloadavg()),
+    )
+    if args.json:
+        import PIL
+        import torch
+        import webdataset
+
+        meta = {
+            "command": "python -m benchmarks.probes.jpeg_shards " + " ".join(sys.argv[1:]),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "versions": {
+                "torch": torch.__version__,
+                "pillow": PIL.__version__,
+                "webdataset": webdataset.__version__,
+                "numpy": np.__version__,
+            },
+            "workload": {
+                "images": args.images,
+                "per_shard": PER_SHARD,
+                "batch": BATCH,
+                "latency_s": LATENCY_S,
+                "shuffle_buffer": SHUFFLE,
+                "size": SIZE,
+            },
+            "reps": args.reps,
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+        }
+        with open(args.json, "w") as out:
+            json.dump({**meta, **summary, "runs": runs, "alone_runs": alone}, out, indent=1)
+    if args.plot:
+        plot(summary, args.plot)
+
+
+if __name__ == "__main__":
+    main()
