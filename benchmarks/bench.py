@@ -53,37 +53,55 @@ def _tree_rss(procs: dict[int, psutil.Process]) -> int:
     return total
 
 
-def run_case(case: plan.Case, port: int | None) -> dict:
-    """Runs one case in a fresh process; returns its result with the tree's peak RSS added."""
-    cmd = [sys.executable, "-m", "benchmarks.run_one", *case.argv()]
-    if port is not None and case.workload == "http":
-        cmd += ["--port", str(port)]
-    load = os.getloadavg()[0]
+def run_sampled(
+    cmd: list[str],
+    what: object,
+    timeout_s: float = RUN_TIMEOUT_S,
+    sample_every_s: float = SAMPLE_EVERY_S,
+    cwd: Path | None = None,
+) -> tuple[dict, float]:
+    """Runs ``cmd`` in a fresh process, sampling its process tree's RSS from here; returns its
+    last line of output as JSON and the tree's peak RSS in MiB (shared memory counted in every
+    process that maps it).
+
+    Raises:
+        RunFailed: It exited non-zero, ran past ``timeout_s`` or printed nothing (``what``
+            names it in the message).
+    """
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=cwd)
         root = psutil.Process(proc.pid)
         procs, peak, refreshed = {proc.pid: root}, 0, 0.0
-        deadline = time.monotonic() + RUN_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while proc.poll() is None:
             now = time.monotonic()
             if now > deadline:
                 proc.kill()
                 proc.wait()
-                raise RunFailed(f"{case} ran past {RUN_TIMEOUT_S} s")
+                raise RunFailed(f"{what} ran past {timeout_s} s")
             if now - refreshed >= REFRESH_EVERY_S:
                 with contextlib.suppress(psutil.Error):
                     for child in root.children(recursive=True):
                         procs.setdefault(child.pid, child)
                 refreshed = now
             peak = max(peak, _tree_rss(procs))
-            time.sleep(SAMPLE_EVERY_S)
+            time.sleep(sample_every_s)
         out.seek(0)
         err.seek(0)
         lines = out.read().strip().splitlines()
         if proc.returncode != 0 or not lines:
-            raise RunFailed(f"{case} failed (exit {proc.returncode}):\n{err.read()[-4000:]}")
-    result = json.loads(lines[-1])
-    result.update(rep=case.rep, peak_rss_mb=peak / 2**20, load1_before=load)
+            raise RunFailed(f"{what} failed (exit {proc.returncode}):\n{err.read()[-4000:]}")
+    return json.loads(lines[-1]), peak / 2**20
+
+
+def run_case(case: plan.Case, port: int | None) -> dict:
+    """Runs one case in a fresh process; returns its result with the tree's peak RSS added."""
+    cmd = [sys.executable, "-m", "benchmarks.run_one", *case.argv()]
+    if port is not None and case.workload == "http":
+        cmd += ["--port", str(port)]
+    load = os.getloadavg()[0]
+    result, peak_mb = run_sampled(cmd, case)
+    result.update(rep=case.rep, peak_rss_mb=peak_mb, load1_before=load)
     return result
 
 

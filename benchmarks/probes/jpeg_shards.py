@@ -58,10 +58,8 @@ import platform
 import random
 import resource
 import statistics
-import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -86,7 +84,6 @@ REFERENCE = "wds+DataLoader/2"
 ALT_REFERENCE = "wds+DataLoader(batch_size=64)/2"  # the same, batched by DataLoader instead
 RUN_TIMEOUT_S = 600
 SAMPLE_EVERY_S = 0.02
-REFRESH_EVERY_S = 0.1
 
 # ---------------------------------------------------------------------------------------------
 # The reference transform: torchvision's RandomResizedCrop + RandomHorizontalFlip + ToTensor +
@@ -426,51 +423,15 @@ def run_alone(images: int) -> dict[str, Any]:
 # The driver.
 
 
-def _tree_rss(procs: dict[int, Any]) -> int:
-    import psutil
-
-    total = 0
-    for pid, proc in list(procs.items()):
-        try:
-            total += proc.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            del procs[pid]
-    return total
-
-
 def in_fresh_process(*args: object) -> dict[str, Any]:
     """``python -m benchmarks.probes.jpeg_shards args...`` in a fresh process, its tree's RSS
     sampled from here every 20 ms (as :func:`benchmarks.bench.run_case`); its JSON result,
     with ``peak_rss_mb`` (shared memory counted in every process that maps it)."""
-    import psutil
+    from benchmarks.bench import run_sampled
 
     cmd = [sys.executable, "-m", "benchmarks.probes.jpeg_shards", *map(str, args)]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT)
-        root = psutil.Process(proc.pid)
-        procs, peak, refreshed = {proc.pid: root}, 0, 0.0
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while proc.poll() is None:
-            now = time.monotonic()
-            if now > deadline:
-                proc.kill()
-                proc.wait()
-                raise RuntimeError(f"{args} ran past {RUN_TIMEOUT_S} s")
-            if now - refreshed >= REFRESH_EVERY_S:
-                with contextlib.suppress(psutil.Error):
-                    for child in root.children(recursive=True):
-                        procs.setdefault(child.pid, child)
-                refreshed = now
-            peak = max(peak, _tree_rss(procs))
-            time.sleep(SAMPLE_EVERY_S)
-        out.seek(0)
-        err.seek(0)
-        lines = out.read().strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"{args} failed (exit {proc.returncode}):\n{err.read()[-4000:]}")
-    result = json.loads(lines[-1])
-    result["peak_rss_mb"] = peak / 2**20
-    return result
+    result, peak_mb = run_sampled(cmd, args, RUN_TIMEOUT_S, SAMPLE_EVERY_S, ROOT)
+    return {**result, "peak_rss_mb": peak_mb}
 
 
 KEYS = (
