@@ -95,7 +95,14 @@ def make_dataset(loader: str, workload: Workload, n: int, port: int | None) -> A
 @contextlib.contextmanager
 def dataloader(workload: Workload, dataset: Any, setting: int) -> Iterator[Any]:
     """``setting`` is num_workers."""
-    loader = DataLoader(dataset, batch_size=workload.batch, num_workers=setting)
+    with iterating(DataLoader(dataset, batch_size=workload.batch, num_workers=setting)) as it:
+        yield it
+
+
+@contextlib.contextmanager
+def iterating(loader: DataLoader) -> Iterator[Any]:
+    """An iterator of ``loader`` whose workers are shut down when the block ends (DataLoader
+    has no close(); its iterator's ``_shutdown_workers`` is what its own ``__del__`` calls)."""
     it = iter(loader)
     try:
         yield it

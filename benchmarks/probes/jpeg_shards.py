@@ -245,17 +245,14 @@ def wds_dataloader(urls: Sequence[str], workers: int, wds_batched: bool = True) 
     stacks into private memory that the worker's queue then copies to shared memory)."""
     from torch.utils.data import DataLoader
 
+    from benchmarks.loaders import iterating
+
     if wds_batched:
         loader = DataLoader(wds_dataset(urls).batched(BATCH), batch_size=None, num_workers=workers)
     else:
         loader = DataLoader(wds_dataset(urls), batch_size=BATCH, num_workers=workers)
-    it = iter(loader)
-    try:
+    with iterating(loader) as it:
         yield it
-    finally:
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
 
 
 @contextlib.contextmanager
