@@ -220,3 +220,29 @@ def test_device_transform_errors_keep_their_type_and_name_the_stage():
 def test_device_transform_must_be_callable():
     with pytest.raises(TypeError, match="device_transform"):
         AsyncLoader(list(range(8)), device_transform=3)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_uint8_batches_are_normalised_on_the_gpu_as_on_the_cpu():
+    """device_transform runs on the device thread's stream after the copy; the batch the
+    consumer gets is float32 on the GPU and equals the CPU pipeline's."""
+    pairs = [(b, i) for i, (_, b, _) in enumerate(IMAGES)]
+
+    def epoch(**options):
+        loader = AsyncLoader(
+            pairs,
+            batch_size=4,
+            collate_fn=ImageBatch(32, output="uint8"),
+            device_transform=Normalize(),
+            generator=torch.Generator().manual_seed(0),
+            shuffle=True,
+            **options,
+        )
+        return list(loader)
+
+    on_gpu, on_cpu = epoch(device="cuda"), epoch()
+    for (gpu_images, gpu_labels), (cpu_images, cpu_labels) in zip(on_gpu, on_cpu, strict=True):
+        assert gpu_images.is_cuda and gpu_images.dtype == torch.float32
+        assert torch.allclose(gpu_images.cpu(), cpu_images, atol=1e-5)
+        assert torch.equal(gpu_labels.cpu(), cpu_labels)
