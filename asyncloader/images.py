@@ -297,9 +297,16 @@ class ImageBatch:
         # is ceil(width / s) x ceil(height / s), pixel p covering full pixels [p*s, (p+1)*s).
         image.draft("RGB", (width // s, height // s))
         new_w, new_h = image.size
-        if new_w != -(-width // s) or new_h != -(-height // s):  # not the expected scale
-            raise RuntimeError(f"JPEG draft gave {image.size} for {width}x{height} / {s}")
-        return left // s, top // s, min(new_w, -(-right // s)), min(new_h, -(-bottom // s))
+        if (new_w, new_h) == (-(-width // s), -(-height // s)):
+            return left // s, top // s, min(new_w, -(-right // s)), min(new_h, -(-bottom // s))
+        # Another scale than asked (not seen with libjpeg-turbo): the box scaled outward.
+        fx, fy = new_w / width, new_h / height
+        return (
+            int(left * fx),
+            int(top * fy),
+            min(new_w, math.ceil(right * fx)),
+            min(new_h, math.ceil(bottom * fy)),
+        )
 
 
 def _label(value: Any) -> int:

@@ -246,3 +246,28 @@ def test_uint8_batches_are_normalised_on_the_gpu_as_on_the_cpu():
         assert gpu_images.is_cuda and gpu_images.dtype == torch.float32
         assert torch.allclose(gpu_images.cpu(), cpu_images, atol=1e-5)
         assert torch.equal(gpu_labels.cpu(), cpu_labels)
+
+
+class Drafted:
+    """A stand-in for a Pillow JPEG whose draft() reduces to a given size."""
+
+    def __init__(self, size, reduced):
+        self.size, self._reduced = size, reduced
+
+    def draft(self, mode, requested):
+        self.size = self._reduced
+
+
+def test_draft_boxes_map_onto_the_reduced_image():
+    batch = ImageBatch(224, draft=True)
+    # The expected 1/4 scale: whole reduced pixels, widened outward.
+    image = Drafted((1600, 1200), (400, 300))
+    assert batch._drafted(image, (275, 75, 1325, 1125), 1600, 1200) == (68, 18, 332, 282)
+    # Another scale than asked: the box is scaled by the actual factors, outward, clipped.
+    image = Drafted((1600, 1200), (533, 400))
+    left, top, right, bottom = batch._drafted(image, (275, 75, 1325, 1125), 1600, 1200)
+    assert (left, top) == (91, 25) and right == 442 and bottom == 375
+    # A crop too small to reduce: the box is unchanged and nothing is asked of the decoder.
+    image = Drafted((400, 300), (0, 0))
+    assert batch._drafted(image, (10, 10, 300, 250), 400, 300) == (10, 10, 300, 250)
+    assert image.size == (400, 300)
