@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import resource
 import signal
 from typing import Any
+
+from examples.latency_server import ServerProcess
 
 
 class _Counts:
@@ -144,16 +145,13 @@ def _serve(upstream_port: int, latency: float, conn: Any) -> None:
         uvloop.run(main())
 
 
-class LatencyProxy:
+class LatencyProxy(ServerProcess):
     """Relays ``http://127.0.0.1:<port>`` to ``127.0.0.1:upstream_port``, ``latency`` seconds
     later per request (see the module's docstring)."""
 
     def __init__(self, upstream_port: int, latency: float) -> None:
         self._upstream_port = upstream_port
         self._latency = latency
-        self._proc: Any = None
-        self._conn: Any = None
-        self.port = 0
 
     @property
     def endpoint(self) -> str:
@@ -165,31 +163,5 @@ class LatencyProxy:
         return self._conn.recv()
 
     def __enter__(self) -> LatencyProxy:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(
-            target=_serve,
-            args=(self._upstream_port, self._latency, child),
-            name="latency-proxy",
-            daemon=True,
-        )
-        self._proc.start()
-        child.close()
-        try:
-            self.port = self._conn.recv() if self._conn.poll(60) else 0
-        except EOFError:
-            self.port = 0
-        if not self.port:
-            self.__exit__()
-            raise RuntimeError(f"the latency proxy did not start (exit {self._proc.exitcode})")
+        self._start(_serve, (self._upstream_port, self._latency), "latency proxy", daemon=True)
         return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._conn.close()
-        self._proc.join(10)
-        if self._proc.exitcode is None:
-            self._proc.terminate()
-            self._proc.join(10)
-        if self._proc.exitcode is None:
-            self._proc.kill()
-            self._proc.join()

@@ -99,7 +99,41 @@ def _serve(bodies: Bodies, latency: float, conn: Any) -> None:
         uvloop.run(main())
 
 
-class LatencyServer:
+class ServerProcess:
+    """A server in a spawned process of its own, which sends its port over a pipe (the pipe's
+    child end is its target's last argument) and stops when the pipe closes: on ``__exit__``,
+    or when this process exits. Subclasses call :meth:`_start` in ``__enter__``."""
+
+    _proc: Any = None
+    _conn: Any = None
+    port = 0
+
+    def _start(self, target: Any, args: tuple, name: str, daemon: bool = False) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=target, args=(*args, child), name=name, daemon=daemon)
+        self._proc.start()
+        child.close()
+        try:
+            self.port = self._conn.recv() if self._conn.poll(60) else 0
+        except EOFError:
+            self.port = 0
+        if not self.port:
+            self.__exit__()
+            raise RuntimeError(f"the {name} did not start (exit {self._proc.exitcode})")
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._conn.close()
+        self._proc.join(10)
+        if self._proc.exitcode is None:
+            self._proc.terminate()
+            self._proc.join(10)
+        if self._proc.exitcode is None:
+            self._proc.kill()
+            self._proc.join()
+
+
+class LatencyServer(ServerProcess):
     """Serves ``GET /<i>`` with ``bodies[i]``, ``latency`` seconds after each request.
 
     Args:
@@ -110,34 +144,11 @@ class LatencyServer:
     def __init__(self, bodies: Bodies, latency: float = 0.020) -> None:
         self._bodies = bodies
         self._latency = latency
-        self._proc: Any = None
-        self._conn: Any = None
-        self.port = 0
 
     def urls(self) -> list[str]:
         """The URL of every body, in order."""
         return [f"http://127.0.0.1:{self.port}/{i}" for i in range(len(self._bodies))]
 
     def __enter__(self) -> LatencyServer:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(
-            target=_serve, args=(self._bodies, self._latency, child), name="latency-server"
-        )
-        self._proc.start()
-        child.close()
-        try:
-            self.port = self._conn.recv() if self._conn.poll(60) else 0
-        except EOFError:
-            self.port = 0
-        if not self.port:
-            self.__exit__()
-            raise RuntimeError(f"the latency server did not start (exit {self._proc.exitcode})")
+        self._start(_serve, (self._bodies, self._latency), "latency server")
         return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._conn.close()
-        self._proc.join(10)
-        if self._proc.exitcode is None:
-            self._proc.terminate()
-            self._proc.join()
