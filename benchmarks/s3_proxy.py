@@ -26,7 +26,7 @@ import resource
 import signal
 from typing import Any
 
-from examples.latency_server import ServerProcess
+from examples.latency_server import ServerProcess, run_on_uvloop
 
 
 class _Counts:
@@ -137,12 +137,7 @@ def _serve(upstream_port: int, latency: float, conn: Any) -> None:
                 conn.send({"requests": counts.requests, "connections": counts.connections})
         server.close()
 
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
+    run_on_uvloop(main)
 
 
 class LatencyProxy(ServerProcess):

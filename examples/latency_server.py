@@ -91,6 +91,11 @@ def _serve(bodies: Bodies, latency: float, conn: Any) -> None:
             await loop.run_in_executor(None, conn.recv)  # EOF: the parent is done
         server.close()
 
+    run_on_uvloop(main)
+
+
+def run_on_uvloop(main: Any) -> None:
+    """Runs ``main()`` to completion on uvloop when installed, else on asyncio's own loop."""
     try:
         import uvloop
     except ImportError:
