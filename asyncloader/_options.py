@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import (
     BatchSampler,
+    DistributedSampler,
     RandomSampler,
     SequentialSampler,
     default_collate,
@@ -26,6 +27,7 @@ from torch.utils.data import (
 
 from asyncloader import _validate as check
 from asyncloader.sources import SourceKind, source_kind
+from asyncloader.sources._shardplan import resolve_ranks
 
 DEVICE_DEPTH = 2
 
@@ -70,6 +72,12 @@ class Options:
     seed_per_sample: bool = False
     on_error: str = "raise"
     max_skipped: int | None = None
+    #: Partition each epoch of a map-style source across ranks (rank and world_size resolved
+    #: from torch.distributed when not given).
+    distributed: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+    distributed_tail: str = "pad"
     #: The class the user instantiated (``AsyncLoader``, or their subclass), named in messages
     #: worded as DataLoader words them.
     loader_name: str = "AsyncLoader"
@@ -98,6 +106,7 @@ class Options:
         _set(self, mp_context=check.resolve_mp_context(self.mp_context, self.num_workers))
         if self.batch_size is not None:
             check.check_int("batch_size", self.batch_size, 1)
+        self._resolve_ranks(kind)
         if kind.is_map:
             self._sample_map()
         else:
@@ -115,6 +124,35 @@ class Options:
         ):
             _set(self, **{name: bool(getattr(self, name))})
 
+    def _resolve_ranks(self, kind: SourceKind) -> None:
+        """Checks the multi-rank options; with ``distributed``, fixes rank and world size."""
+        _set(self, distributed=bool(self.distributed))
+        if not self.distributed:
+            for name in ("rank", "world_size"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}= needs distributed=True")
+            return
+        if not kind.is_map:
+            raise ValueError(
+                "distributed=True partitions map-style sources; an iterable source splits "
+                "itself across ranks (ShardedSource: rank= and world_size=, or "
+                "torch.distributed's)"
+            )
+        if self.distributed_tail not in ("pad", "drop"):
+            raise ValueError(
+                f"distributed_tail must be 'pad' or 'drop', got {self.distributed_tail!r}"
+            )
+        for name in ("sampler", "batch_sampler"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"distributed=True builds the sampler itself; {name}= is exclusive with it"
+                )
+        for name, minimum in (("rank", 0), ("world_size", 1)):
+            if getattr(self, name) is not None:
+                check.check_int(name, getattr(self, name), minimum)
+        rank, world = resolve_ranks(self.rank, self.world_size)
+        _set(self, rank=rank, world_size=world)
+
     def _sample_map(self) -> None:
         """Checks the sampling options of a map-style source and builds its sampler chain."""
         check.check_map_sampling(
@@ -123,7 +161,18 @@ class Options:
         if self.batch_sampler is not None:
             _set(self, batch_size=None, drop_last=False)
         sampler = self.sampler
-        if sampler is None:
+        if self.distributed:
+            assert self.rank is not None and self.world_size is not None
+            sampler = DistributedSampler(
+                self.dataset,
+                num_replicas=self.world_size,
+                rank=self.rank,
+                shuffle=bool(self.shuffle),
+                seed=self.generator.initial_seed() if self.generator is not None else 0,
+                drop_last=self.distributed_tail == "drop",
+            )
+            _set(self, sampler=sampler)
+        elif sampler is None:
             sampler = (
                 RandomSampler(self.dataset, generator=self.generator)
                 if self.shuffle

@@ -76,6 +76,8 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
     if saved.get("dataset") is not None:
         # Before anything draws (torchdata's order): a dataset's state may hold RNG states.
         options.dataset.load_state_dict(saved["dataset"])
+    if options.distributed:  # the loader's own DistributedSampler: this epoch's permutation
+        options.sampler.set_epoch(state["epoch"] if state else number)
     with _rng_replayed(generator, decode_rng(state["rng"]) if state else None):
         rng = capture_rng(generator)
         seed = draw_seed(generator)  # before the sampler draws, as DataLoader does

@@ -153,6 +153,20 @@ class AsyncLoader(Generic[T_co]):
             that the budget is spent (that step raises, the epoch goes on).
         snapshot_every_n_steps: Accepted for torchdata ``StatefulDataLoader``'s signature:
             ``state_dict()`` is exact at every step, whatever its value.
+        distributed: Partition each epoch of a map-style source across ranks: the loader
+            builds torch's ``DistributedSampler`` (``shuffle``; seed ``generator``'s initial
+            seed, else 0, the same on every rank) and sets its epoch itself, so each
+            ``iter()`` is the next epoch, a new permutation, the same on every rank, with no
+            ``set_epoch`` call. Every rank gets the same number of samples, so the same number
+            of batches. Exclusive with ``sampler``/``batch_sampler``; iterable sources split
+            themselves (``ShardedSource``'s ``rank``/``world_size``).
+        rank, world_size: With ``distributed``: this process's place; default
+            ``torch.distributed``'s when initialised, else a single rank.
+        distributed_tail: With ``distributed``, when the dataset does not divide evenly:
+            ``"pad"`` (default, as ``DistributedSampler``): the first samples of the
+            permutation are repeated to fill the last ranks; ``"drop"``: fewer than
+            ``world_size`` samples are left out of the epoch. Exactly once holds with
+            ``"drop"``, and with ``"pad"`` when ``len(dataset)`` divides evenly.
 
     The arguments up to ``generator`` may be passed positionally, in DataLoader's order.
     DataLoader's attributes (``dataset``, ``batch_size``, ``sampler``...) are read-only;
@@ -199,6 +213,10 @@ class AsyncLoader(Generic[T_co]):
         on_error: str = "raise",
         max_skipped: int | None = None,
         snapshot_every_n_steps: int = 1,
+        distributed: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        distributed_tail: str = "pad",
     ) -> None:
         prefetch, mp_context = dataloader_spellings(
             num_workers, prefetch, prefetch_factor, mp_context, multiprocessing_context
@@ -216,7 +234,8 @@ class AsyncLoader(Generic[T_co]):
             worker_init_fn=worker_init_fn,
             persistent_workers=persistent_workers, mp_context=mp_context, generator=generator,
             seed_per_sample=seed_per_sample, on_error=on_error, max_skipped=max_skipped,
-            loader_name=type(self).__name__,
+            distributed=distributed, rank=rank, world_size=world_size,
+            distributed_tail=distributed_tail, loader_name=type(self).__name__,
         )  # fmt: skip
         warn_many_workers(type(self).__name__, num_workers)
         self._workers = Workers(self._options)
