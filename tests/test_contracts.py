@@ -50,7 +50,6 @@ from tests.servers import BUCKET, Faults, FaultyHTTPServer, put_objects
 N, BATCH, SEED = 42, 4, 3  # 10 batches and a short one
 SHARD_SIZES = [7, 12, 5, 9, 9]  # N samples in uneven shards
 JITTER_S = 0.004  # random latency per request, as the in-memory sources have per sample
-SLOW_STEP_S = 0.004  # a slow consumer, so the pipeline runs as far ahead as it may
 FAST = Retry(attempts=8, backoff=0.001, max_backoff=0.01)
 
 
@@ -264,7 +263,7 @@ def test_exactly_once(kind, sources, placement):
 def test_bounded_window(kind, sources, placement):
     """A slow consumer: batches ahead stay within stats.window, fetches within io_concurrency."""
     made = loader(kind, sources, **placement, io_concurrency=8, prefetch=2)
-    epoch(made, key_of(kind), step_s=SLOW_STEP_S)
+    epoch(made, key_of(kind), slow=True)
     check_bounded_window(made.stats)
 
 

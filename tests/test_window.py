@@ -2,14 +2,12 @@
 
 import asyncio
 import math
-import time
 
 import pytest
 
 from asyncloader import AsyncLoader
 from tests.helpers import AsyncSource, SyncSource
-
-SLOW_STEP_S = 0.004  # a slow training step, so the pipeline runs as far ahead as it may
+from tests.helpers.contracts import await_until, wait_until
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -22,13 +20,18 @@ def test_samples_fetched_never_exceed_consumed_plus_window(mode, num_workers):
     assert window == 2 * max(1, num_workers) + math.ceil(8 / 4)
     excess = []
 
+    def full(k):
+        """The pipeline has fetched all it may with k batches consumed."""
+        return lambda: src.calls >= min((k + window) * 4, src.n)
+
     def check(k):
         if src.calls > (k + window) * 4:
             excess.append((k, src.calls))
 
+    what = "the pipeline to fetch as far ahead as it may"
     if mode == "sync":
         for k, _ in enumerate(loader, 1):
-            time.sleep(SLOW_STEP_S)
+            wait_until(full(k), what)
             check(k)
     else:
 
@@ -36,7 +39,7 @@ def test_samples_fetched_never_exceed_consumed_plus_window(mode, num_workers):
             k = 0
             async for _ in loader:
                 k += 1
-                await asyncio.sleep(SLOW_STEP_S)
+                await await_until(full(k), what)
                 check(k)
 
         asyncio.run(run())
@@ -48,8 +51,9 @@ def test_samples_fetched_never_exceed_consumed_plus_window(mode, num_workers):
 def test_workers_window_is_prefetch_per_worker():
     """With a sync source read in workers, the window is prefetch * num_workers and is reached."""
     loader = AsyncLoader(SyncSource(200), batch_size=2, num_workers=2, prefetch=3)
-    for _ in loader:
-        time.sleep(SLOW_STEP_S)
+    for k, _ in enumerate(loader):
+        if k == 0:  # held until the window fills (or the wait fails the test)
+            wait_until(lambda: loader.stats.max_ahead == 6, "the window to fill")
     assert loader.stats.window == 6
     assert loader.stats.max_ahead == 6
 

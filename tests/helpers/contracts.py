@@ -32,23 +32,54 @@ def flat(batch: Any) -> Any:
     return batch.tolist()
 
 
+POLL_S = 0.001
+WAIT_S = 30.0
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    """Blocks until ``predicate()`` holds, else AssertionError naming ``what``. For a
+    condition the code under test has no event for (a loader's high-water marks, a count of
+    calls): it is re-checked every millisecond, and the wait ends the moment it holds."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(POLL_S)
+
+
+async def await_until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    """:func:`wait_until` for a consumer on an event loop, which keeps running meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        await asyncio.sleep(POLL_S)
+
+
+def ran_ahead(loader: Any) -> Callable[[], bool]:
+    """Whether ``loader``'s pipeline has had more than one batch ahead of its consumer."""
+    return lambda: loader.stats.max_ahead > 1
+
+
 def epoch(
-    loader: Any, key: Callable[[Any], Any] = flat, *, mode: str = "sync", step_s: float = 0.0
+    loader: Any, key: Callable[[Any], Any] = flat, *, mode: str = "sync", slow: bool = False
 ) -> list:
     """One epoch through ``for`` (``mode="sync"``) or ``async for`` (``"async"``), each batch
-    as ``key(batch)``; with ``step_s``, a consumer that takes that long per batch."""
+    as ``key(batch)``. ``slow``: a consumer that holds its first batch until the pipeline has
+    run ahead of it (:func:`ran_ahead`), so that a bound on running ahead is exercised."""
+    what = "the pipeline to run ahead of a held consumer"
     if mode == "sync":
         out = []
         for batch in loader:
             out.append(key(batch))
-            time.sleep(step_s)
+            if slow and len(out) == 1:
+                wait_until(ran_ahead(loader), what)
         return out
 
     async def run() -> list:
         out = []
         async for batch in loader:
             out.append(key(batch))
-            await asyncio.sleep(step_s)
+            if slow and len(out) == 1:
+                await await_until(ran_ahead(loader), what)
         return out
 
     return asyncio.run(run())
@@ -124,7 +155,8 @@ def round_robin(streams: Sequence[Sequence[Any]], batch_size: int) -> list:
 def check_bounded_window(stats: Any) -> None:
     """Bounded window: batches ahead of the consumer never exceeded ``stats.window``, samples
     being fetched never exceeded ``stats.io_concurrency``; and the pipeline did run ahead
-    (``max_ahead > 1``), so the bound was exercised, which a slow consumer ensures."""
+    (``max_ahead > 1``), so the bound was exercised, which a slow consumer ensures
+    (``epoch(..., slow=True)``)."""
     assert 1 < stats.max_ahead <= stats.window, (
         f"max_ahead={stats.max_ahead} must be in (1, window={stats.window}]"
     )
