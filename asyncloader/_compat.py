@@ -10,6 +10,7 @@ these libraries' underscored names.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.util
 import os
@@ -41,11 +42,8 @@ def empty_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     ``default_collate`` does in a worker: ``TypedStorage._new_shared``), so filling it is the
     only copy; ``torch.empty(...).share_memory_()`` would copy it once more. Falls back to that
     where the private method is missing."""
-    numel = 1
-    for n in shape:
-        numel *= n
     try:
-        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
     except AttributeError:
         return torch.empty(shape, dtype=dtype).share_memory_()
     return torch.empty(0, dtype=dtype).set_(storage).view(shape)

@@ -72,7 +72,7 @@ def empty_huge(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     does. The mapping lives as long as the tensor.
     """
     numel = math.prod(shape)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     advise = getattr(mmap, "MADV_HUGEPAGE", None)
     private = getattr(mmap, "MAP_PRIVATE", None)
     if nbytes < HUGE_BYTES or advise is None or private is None:

@@ -105,13 +105,11 @@ class ShardStream:
         lengths = [s.take for s in slices if s.take is not None]
         if position.yielded and len(lengths) == len(slices):
             back = rewind(lengths, concurrency, rng, self._size, position.yielded, self._initial)
-            self._draws = position.yielded
             self._inter, self._done = back.interleave, back.done
             self._wanted = {pos: i for i, pos in enumerate(back.buffer)}
             self._buffer = [_MISSING] * len(back.buffer)
         else:  # from the start; without lengths, replay and drop what went out before
             self._inter, self._wanted = Interleave(len(slices), concurrency), {}
-            self._draws = 0
             self._drop, position.yielded = position.yielded, 0
         self._missing = len(self._wanted)
         # Where each slice's reader starts: its first buffered position, else where the
@@ -219,7 +217,8 @@ class ShardStream:
             self._check()
         inter = self._inter
         while True:
-            target = fill_target(self._size, self._initial, self._draws)
+            # position.yielded counts this epoch's draws, also those a replay drops
+            target = fill_target(self._size, self._initial, self.position.yielded)
             while not self._done and len(self._buffer) < target:
                 s = inter.current()
                 if s is None:
@@ -236,7 +235,6 @@ class ShardStream:
             if not self._buffer:
                 raise StopAsyncIteration
             item = draw(self._buffer, self._rng)
-            self._draws += 1
             self.position.yielded += 1
             if item is SKIPPED_POSITION or self._drop:
                 self._drop = max(self._drop - 1, 0)
