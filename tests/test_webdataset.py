@@ -8,7 +8,6 @@ import time
 import warnings
 
 import pytest
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 import asyncloader._heavy as heavy
@@ -117,13 +116,3 @@ def test_a_heavy_iterable_in_the_training_process_is_named_once(quick_meter):
 
 def test_an_iterable_that_waits_is_not_called_heavy(quick_meter):
     assert epoch_warnings(AsyncLoader(Waiting(300), batch_size=10)) == []
-
-
-def test_in_the_workers_nothing_is_measured(quick_meter):
-    class Counting(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            info = torch.utils.data.get_worker_info()
-            yield from range(info.id, 300, info.num_workers)
-
-    loader = AsyncLoader(Counting(), batch_size=10, num_workers=2, fetch_in_workers=True)
-    assert epoch_warnings(loader) == []
