@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch.utils.data import (
     BatchSampler,
-    DistributedSampler,
     RandomSampler,
     SequentialSampler,
     default_collate,
@@ -26,6 +25,7 @@ from torch.utils.data import (
 )
 
 from asyncloader import _validate as check
+from asyncloader._rank_sampler import TAILS, RankSampler
 from asyncloader.sources import SourceKind, source_kind
 from asyncloader.sources._shardplan import resolve_ranks
 
@@ -72,8 +72,8 @@ class Options:
     seed_per_sample: bool = False
     on_error: str = "raise"
     max_skipped: int | None = None
-    #: Partition each epoch of a map-style source across ranks (rank and world_size resolved
-    #: from torch.distributed when not given).
+    #: Partition each epoch across ranks and advance it on each iter() (rank and world_size
+    #: resolved from torch.distributed when not given; see asyncloader._rank_sampler).
     distributed: bool = False
     rank: int | None = None
     world_size: int | None = None
@@ -132,21 +132,10 @@ class Options:
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}= needs distributed=True")
             return
-        if not kind.is_map:
-            raise ValueError(
-                "distributed=True partitions map-style sources; an iterable source splits "
-                "itself across ranks (ShardedSource: rank= and world_size=, or "
-                "torch.distributed's)"
-            )
-        if self.distributed_tail not in ("pad", "drop"):
+        if self.distributed_tail not in TAILS:
             raise ValueError(
                 f"distributed_tail must be 'pad' or 'drop', got {self.distributed_tail!r}"
             )
-        for name in ("sampler", "batch_sampler"):
-            if getattr(self, name) is not None:
-                raise ValueError(
-                    f"distributed=True builds the sampler itself; {name}= is exclusive with it"
-                )
         for name, minimum in (("rank", 0), ("world_size", 1)):
             if getattr(self, name) is not None:
                 check.check_int(name, getattr(self, name), minimum)
@@ -161,15 +150,15 @@ class Options:
         if self.batch_sampler is not None:
             _set(self, batch_size=None, drop_last=False)
         sampler = self.sampler
-        if self.distributed:
+        if self.distributed and sampler is None and self.batch_sampler is None:
             assert self.rank is not None and self.world_size is not None
-            sampler = DistributedSampler(
-                self.dataset,
-                num_replicas=self.world_size,
+            sampler = RankSampler(
+                len(self.dataset),
                 rank=self.rank,
+                world_size=self.world_size,
                 shuffle=bool(self.shuffle),
                 seed=self.generator.initial_seed() if self.generator is not None else 0,
-                drop_last=self.distributed_tail == "drop",
+                tail=self.distributed_tail,
             )
             _set(self, sampler=sampler)
         elif sampler is None:
@@ -181,6 +170,11 @@ class Options:
             _set(self, sampler=sampler)
         if self.batch_sampler is None and self.batch_size is not None:
             _set(self, batch_sampler=BatchSampler(sampler, self.batch_size, self.drop_last))
+
+    @property
+    def own_sampler(self) -> RankSampler | None:
+        """The loader's own sampler of ``distributed=True`` (None with the user's)."""
+        return self.sampler if isinstance(self.sampler, RankSampler) else None
 
     @property
     def batched(self) -> bool:

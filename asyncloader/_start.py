@@ -18,6 +18,7 @@ import torch
 
 from asyncloader._claims import Claim, claim_for
 from asyncloader._options import Options
+from asyncloader._rank_sampler import Cut
 from asyncloader._seeding import draw_seed
 from asyncloader._state import (
     Resume,
@@ -50,6 +51,9 @@ class EpochStart:
         source_state: ``(first_seq, state)``: an iterable source's own state (see
             :func:`~asyncloader._state.source_state`) before its first batch, when it or its
             iterator keeps one (``state_dict``/``load_state_dict``); else ``None``.
+        cuts: With ``distributed=True``: the interruptions at other world sizes whose
+            remainder this epoch is (see :mod:`asyncloader._rank_sampler`); ``()`` for a
+            whole epoch.
     """
 
     number: int
@@ -61,6 +65,7 @@ class EpochStart:
     claim: tuple[Claim, object] | None = None
     first_seq: int = 0
     source_state: tuple[int, Any] | None = None
+    cuts: tuple[Cut, ...] = ()
 
 
 def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> EpochStart:
@@ -72,19 +77,21 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
     """
     generator = options.generator
     resume = resume_point(state) if state else Resume()
+    number = state["epoch"] if state else number
+    cuts = tuple(tuple(c) for c in state.get("distributed", {}).get("history", ())) if state else ()
+    if options.distributed:  # before a loaded state: set_epoch may reset a source's position
+        tell_epoch(options, number, cuts)
     saved = resume.source_state or {}
     if saved.get("dataset") is not None:
         # Before anything draws (torchdata's order): a dataset's state may hold RNG states.
         options.dataset.load_state_dict(saved["dataset"])
-    if options.distributed:  # the loader's own DistributedSampler: this epoch's permutation
-        options.sampler.set_epoch(state["epoch"] if state else number)
     with _rng_replayed(generator, decode_rng(state["rng"]) if state else None):
         rng = capture_rng(generator)
         seed = draw_seed(generator)  # before the sampler draws, as DataLoader does
         index_iter = start_sampler(options) if options.kind.is_map else None
     source_iter, claim, first_seq, kept = _start_source(options, resume)
     return EpochStart(
-        number=state["epoch"] if state else number,
+        number=number,
         seed=seed,
         rng=rng,
         index_iter=index_iter,
@@ -93,7 +100,35 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
         claim=claim,
         first_seq=first_seq,
         source_state=kept,
+        cuts=cuts,
     )
+
+
+def tell_rank(options: Options) -> None:
+    """``distributed=True``: an iterable source with ``set_rank`` is told its place, once,
+    before any worker takes a copy of it."""
+    set_rank = getattr(options.dataset, "set_rank", None)
+    if options.distributed and not options.kind.is_map and callable(set_rank):
+        set_rank(options.rank, options.world_size)
+
+
+def tell_epoch(options: Options, number: int, cuts: tuple[Cut, ...]) -> None:
+    """``distributed=True``: the sampler, the batch sampler and an iterable source that have
+    ``set_epoch`` are told the epoch (workers iterating their own copies are told it when
+    their iteration opens); the loader's own sampler also the remainder it continues."""
+    if options.kind.is_map:
+        targets = [options.sampler, options.batch_sampler]
+        targets.append(getattr(options.batch_sampler, "sampler", None))
+    else:
+        targets = [None if options.worker_streams else options.dataset]
+    told: list[Any] = []
+    for target in targets:
+        set_epoch = getattr(target, "set_epoch", None)
+        if callable(set_epoch) and not any(target is t for t in told):
+            set_epoch(number)
+            told.append(target)
+    if options.own_sampler is not None:
+        options.own_sampler.history = list(cuts)
 
 
 @contextlib.contextmanager

@@ -22,8 +22,11 @@ from typing import Any
 import torch
 
 from asyncloader._options import Options
+from asyncloader._rank_sampler import Cut, per_rank, remainder_len
 
-STATE_VERSION = 2
+#: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder).
+STATE_VERSION = 3
+_READABLE = (2, 3)
 
 
 @dataclass(frozen=True)
@@ -124,28 +127,100 @@ def fingerprint(options: Options) -> dict:
     return {"batch_size": _batch_size(options), "num_replicas": _num_replicas(options)}
 
 
+def ranks_state(options: Options, cuts: tuple[Cut, ...]) -> dict[str, Any]:
+    """``{"distributed": ...}`` for the loader's own rank sampler, else ``{}``: what the
+    epoch's global order depends on, and the interruptions whose remainder it is."""
+    sampler = options.own_sampler
+    if sampler is None:
+        return {}
+    return {
+        "distributed": {
+            "world_size": sampler.world_size,
+            "tail": sampler.tail,
+            "dataset_len": sampler.n,
+            "seed": sampler.seed,
+            "shuffle": sampler.shuffle,
+            "history": [list(cut) for cut in cuts],
+        }
+    }
+
+
 def check_state(state: Any, options: Options) -> None:
     """Validates a state dict against this loader before it is used.
 
     Raises:
         TypeError: ``state`` is not a dict.
-        ValueError: Another version, or saved with another batch size or world size.
+        ValueError: Another version, or saved with another batch size or world size (one
+            of the loader's own rank sampler may differ), dataset length, seed or shuffle.
     """
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from state_dict(), got {type(state).__qualname__}")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in _READABLE:
         raise ValueError(
-            f"state version={state.get('version')!r} is not {STATE_VERSION}: it was not saved "
-            "by this asyncloader"
+            f"state version={state.get('version')!r} is not one of {_READABLE}: it was not "
+            "saved by this asyncloader"
         )
     _check_placement(state, options)
+    elastic = _check_ranks(state, options)
     for name, now in fingerprint(options).items():
         saved = state.get(name)
-        if saved != now:
+        if saved != now and not (elastic and name == "num_replicas"):
             raise ValueError(
                 f"state was saved with {name}={saved}, this loader has {name}={now}: the "
                 "batches would not line up; resume with the same value"
             )
+
+
+def _check_ranks(state: dict, options: Options) -> bool:
+    """Checks a state of the loader's own rank sampler against this one's; True when both
+    have one (then the world size may differ)."""
+    saved, now = state.get("distributed"), ranks_state(options, ()).get("distributed")
+    if saved is None or now is None:
+        return False
+    for name, what in (
+        ("dataset_len", "a dataset of"),
+        ("seed", "seed"),
+        ("shuffle", "shuffle="),
+    ):
+        if saved[name] != now[name]:
+            raise ValueError(
+                f"state was saved for {what} {saved[name]}, this loader has {what} {now[name]}: "
+                "its order would not be the one the state continues"
+            )
+    if saved["world_size"] != now["world_size"] and state.get("delivered_beyond"):
+        raise ValueError(
+            f"state was saved at world_size={saved['world_size']} with batches delivered out "
+            f"of order ({state['delivered_beyond']}); at world_size={now['world_size']} only "
+            "an in-order position carries over: save with in_order=True"
+        )
+    return True
+
+
+def rebase(state: dict, options: Options) -> dict:
+    """``state`` as this loader's world size sees it (elastic resume, see
+    :mod:`asyncloader._rank_sampler`): saved at another world size, the batches every rank
+    took become one more cut of the epoch, whose remainder this loader's ranks split."""
+    saved, sampler = state.get("distributed"), options.own_sampler
+    if saved is None or sampler is None or saved["world_size"] == sampler.world_size:
+        return state
+    cuts = [tuple(cut) for cut in saved["history"]]
+    left = per_rank(remainder_len(saved["dataset_len"], cuts), saved["world_size"], saved["tail"])
+    taken = min(int(state["next_batch"]) * (options.batch_size or 1), left)
+    if taken:
+        cuts.append((saved["world_size"], taken, saved["tail"]))
+    ranks = {
+        **saved,
+        "world_size": sampler.world_size,
+        "tail": sampler.tail,
+        "history": [list(cut) for cut in cuts],
+    }
+    return {
+        **state,
+        "num_replicas": sampler.world_size,
+        "next_batch": 0,
+        "delivered_beyond": [],
+        "distributed": ranks,
+    }
 
 
 def _check_placement(state: dict, options: Options) -> None:

@@ -58,8 +58,9 @@ async def worker_stream_batches(
     asked = [w["delivered"] for w in workers]  # the next batch number to ask each for
     ahead: list[deque[asyncio.Future[Any]]] = [deque() for _ in range(n)]
 
+    epoch = start.number if options.distributed else None
     openings = [
-        StreamOpen(token, start.seed + w, worker["delivered"], worker["state"])
+        StreamOpen(token, start.seed + w, worker["delivered"], worker["state"], epoch)
         for w, worker in enumerate(workers)
     ]
 

@@ -84,6 +84,7 @@ class StreamOpen:
     seed: int
     delivered: int  # batches of this worker the consumer already has
     state: Any  # the source's own state after those batches, or None (then replayed)
+    epoch: int | None = None  # distributed=True: told to the source's set_epoch first
 
 
 class _Stream:
@@ -229,6 +230,9 @@ class WorkerCore:
         dataset, saved = self._plan.dataset, opening.state or {}
 
         def start() -> Any:
+            set_epoch = getattr(dataset, "set_epoch", None)
+            if opening.epoch is not None and callable(set_epoch):
+                set_epoch(opening.epoch)
             if saved.get("dataset") is not None:
                 dataset.load_state_dict(saved["dataset"])
             iterator = aiter(dataset) if self._is_async else iter(dataset)

@@ -18,13 +18,15 @@ from asyncloader._async import AsyncIterator
 from asyncloader._epoch import Epoch
 from asyncloader._options import Options
 from asyncloader._skip import SKIP_LOG_LENGTH
-from asyncloader._start import capture_rng, start_epoch
+from asyncloader._start import capture_rng, start_epoch, tell_rank
 from asyncloader._state import (
     STATE_VERSION,
     check_state,
     encode_rng,
     fingerprint,
     next_epoch_state,
+    ranks_state,
+    rebase,
     source_state,
 )
 from asyncloader._stats import LoaderStats
@@ -153,13 +155,18 @@ class AsyncLoader(Generic[T_co]):
             that the budget is spent (that step raises, the epoch goes on).
         snapshot_every_n_steps: Accepted for torchdata ``StatefulDataLoader``'s signature:
             ``state_dict()`` is exact at every step, whatever its value.
-        distributed: Partition each epoch of a map-style source across ranks: the loader
-            builds torch's ``DistributedSampler`` (``shuffle``; seed ``generator``'s initial
-            seed, else 0, the same on every rank) and sets its epoch itself, so each
-            ``iter()`` is the next epoch, a new permutation, the same on every rank, with no
-            ``set_epoch`` call. Every rank gets the same number of samples, so the same number
-            of batches. Exclusive with ``sampler``/``batch_sampler``; iterable sources split
-            themselves (``ShardedSource``'s ``rank``/``world_size``).
+        distributed: Partition each epoch across ranks and advance it on each ``iter()``, with
+            no ``set_epoch`` call: each ``iter()`` is the next epoch, a new order, the same on
+            every rank. A map-style source without ``sampler``/``batch_sampler`` gets the
+            loader's own sampler: one permutation per epoch (``shuffle``; seeded by
+            ``generator``'s initial seed, else 0, and the epoch; ``DistributedSampler``'s
+            partition) split so that every rank gets the same number of batches; its
+            ``state_dict()`` resumes at another world size too (elastic, see
+            :meth:`load_state_dict`). Your own ``sampler``/``batch_sampler`` partitions
+            itself and is told the epoch (``set_epoch``). An iterable source partitions
+            itself: it is told its place once (``set_rank(rank, world_size)``) and each epoch
+            (``set_epoch(epoch)``, in the workers too with ``fetch_in_workers``) when it has
+            those methods, as ``ShardedSource`` does.
         rank, world_size: With ``distributed``: this process's place; default
             ``torch.distributed``'s when initialised, else a single rank.
         distributed_tail: With ``distributed``, when the dataset does not divide evenly:
@@ -238,6 +245,7 @@ class AsyncLoader(Generic[T_co]):
             distributed_tail=distributed_tail, loader_name=type(self).__name__,
         )  # fmt: skip
         warn_many_workers(type(self).__name__, num_workers)
+        tell_rank(self._options)
         self._workers = Workers(self._options)
         self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
         self._finalizer = weakref.finalize(self, _release, self._workers, self._loop_thread, True)
@@ -335,10 +343,11 @@ class AsyncLoader(Generic[T_co]):
             return copy.deepcopy(self._resume)
         options, epoch = self._options, self._last
         if epoch is not None and not epoch.progress.finished:
-            rng = epoch.start_info.rng
+            rng, cuts = epoch.start_info.rng, epoch.start_info.cuts
             position = {"epoch": self._epoch, "rng": encode_rng(rng), **epoch.progress.checkpoint()}
         else:
             kind, rng = capture_rng(options.generator)
+            cuts = ()
             # The next epoch has not drawn yet: torch's global state is the one it will draw
             # from, set for good on resume (mid-epoch it is replayed for the start only).
             position = {
@@ -348,7 +357,8 @@ class AsyncLoader(Generic[T_co]):
                 "delivered_beyond": [],
                 "source_state": self._next_source_state(),
             }
-        return {"version": STATE_VERSION, **fingerprint(options), **position}
+        ranks = ranks_state(options, cuts)
+        return {"version": STATE_VERSION, **fingerprint(options), **position, **ranks}
 
     def _next_source_state(self) -> Any:
         """The source's own state for the next epoch: the dataset's (the workers' copies',
@@ -364,14 +374,23 @@ class AsyncLoader(Generic[T_co]):
 
         ``num_workers``, ``io_concurrency``, ``prefetch`` and ``in_order`` may differ from the
         saving loader; ``batch_size`` and the sampler's world size may not. A
-        ``DistributedSampler``'s epoch is yours to set, as for every epoch.
+        ``DistributedSampler`` you pass keeps its epoch yours to set, as for every epoch
+        (with ``distributed=True`` the loader sets it to the state's).
+
+        Elastic resume (``distributed=True``, the loader's own sampler): the world size may
+        differ. Ranks step together, so a state from any rank says how many samples every
+        rank took; the new ranks split what the epoch had still to give among themselves,
+        each sample once, and the next epoch is the one a fresh job at the new size has.
+        Only an in-order position carries over (no batch delivered ahead of a missing one).
 
         Raises:
             TypeError: ``state`` is not a dict.
-            ValueError: It comes from another version, batch size or world size.
+            ValueError: It comes from another version, batch size, world size, dataset
+                length, seed or shuffle, or an out-of-order position at another world size.
         """
         check_state(state, self._options)
-        self._resume = copy.deepcopy(state)  # the source may keep (and change) what it loads
+        # a copy: the source may keep (and change) what it loads
+        self._resume = copy.deepcopy(rebase(state, self._options))
 
     def __aiter__(self) -> AsyncIterator:
         return AsyncIterator(self._new_epoch(), self._options.timeout, owner=self)

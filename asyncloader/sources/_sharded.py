@@ -100,7 +100,8 @@ class ShardedSource(ClientSource):
         max_skipped: The most samples to skip with ``on_error="skip"``.
         max_object_size: Largest tar member accepted, in bytes (default 256 MiB).
 
-    Call :meth:`set_epoch` before each epoch (as with DistributedSampler) for a new order.
+    Call :meth:`set_epoch` before each epoch (as with DistributedSampler) for a new order;
+    ``AsyncLoader(distributed=True)`` calls it, and :meth:`set_rank`, itself.
 
     Rank rule: shards are shuffled with ``seed`` and the epoch, laid end to end, and rank
     ``r`` takes samples ``[r * per, (r + 1) * per)`` with ``per = total // world_size``: equal
@@ -180,6 +181,17 @@ class ShardedSource(ClientSource):
         self._max_member = max_object_size
         self._position: Position | None = None  # of the current (or a loaded) iteration
         self._loaded = False  # the next iteration starts at the loaded position
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Sets this source's place among the ranks (``AsyncLoader(distributed=True)`` calls
+        it). Raises ValueError when it was built for another place."""
+        check_ranks(rank, world_size)
+        if self._rank is not None and (self._rank, self._world) != (rank, world_size):
+            raise ValueError(
+                f"this ShardedSource was built for rank {self._rank} of {self._world}, the "
+                f"loader is rank {rank} of {world_size}"
+            )
+        self._rank, self._world = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch that seeds the next iteration's shard order and sample shuffle; the
