@@ -17,11 +17,20 @@ read), so no member is lost or read twice; see :mod:`._retry` for the budget.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
+from asyncloader._failure import unwrap_group
 from asyncloader._worker import get_worker_info
 from asyncloader.errors import FetchError
 from asyncloader.sources._files import FileClient
@@ -69,15 +78,40 @@ def make_client(url: str, **opts: Any) -> Client:
     )
 
 
+class _AfterCounting:
+    """An epoch's stream that first counts the shards' samples (see ``count_samples``)."""
+
+    def __init__(
+        self, count: Callable[[], Awaitable[Any]], stream: Callable[[], ShardStream]
+    ) -> None:
+        self._count, self._make = count, stream
+        self._stream: ShardStream | None = None
+
+    def __aiter__(self) -> _AfterCounting:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._stream is None:
+            await self._count()
+            self._stream = self._make()
+        return await self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        if self._stream is not None:
+            await self._stream.aclose()
+
+
 class ShardedSource(ClientSource):
     """An async iterable of samples from tar shards: dicts ``{"__key__", "__url__", ext: bytes}``
     (or ``decode(dict)``).
 
     Args:
         shard_urls: Tar shards: ``http(s)://`` URLs, fsspec URLs (``s3://...``), or local paths.
-        samples_per_shard: Samples in each shard (an int for all, or one per shard). Needed to
-            split shards across ranks with equal counts (see below) and for ``len()``; a shard
-            holding fewer than declared raises FetchError.
+        samples_per_shard: Samples in each shard (an int for all, or one per shard). Splitting
+            shards across ranks with equal counts (see below) needs them: without, each rank
+            counts them on its first epoch by reading every shard once
+            (:meth:`count_samples`). ``len()`` needs them too. A shard holding fewer or more
+            than declared raises.
         seed: Seeds the shard order and the shuffle buffer; the same on every rank.
         shuffle: Shuffle the shard order each epoch (and samples, with ``shuffle_buffer``).
         shuffle_buffer: Samples held to shuffle among (1: no sample shuffling).
@@ -258,9 +292,9 @@ class ShardedSource(ClientSource):
         )
 
     def __len__(self) -> int:
-        """Samples this rank yields per epoch (needs ``samples_per_shard``)."""
+        """Samples this rank yields per epoch (needs the shards' counts)."""
         if self._counts is None:
-            raise TypeError("len() of a ShardedSource needs samples_per_shard")
+            raise TypeError("len() of a ShardedSource needs samples_per_shard or count_samples()")
         return per_rank(self._counts, resolve_ranks(self._rank, self._world)[1])
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -273,22 +307,50 @@ class ShardedSource(ClientSource):
         if self._position is not None and self._loaded:
             start, initial = self._position.yielded, self._position.initial
         self._loaded = False
-        self._position = Position(self._epoch, rank, world, start, initial)
+        position = self._position = Position(self._epoch, rank, world, start, initial)
         seed = f"{self._seed}:{self._epoch}:{rank}:samples"
-        slices = self.slices()
         worker, workers = _worker_part()
         if workers > 1:
-            slices = slices[worker::workers]
             seed += f":worker{worker}of{workers}"
-        rng = random.Random(seed) if self._shuffle else None
-        return ShardStream(
-            slices,
-            self.items,
-            rng,
-            self._buffer_size,
-            self._concurrency,
-            self._position,
-        )
+
+        def stream() -> ShardStream:
+            slices = self.slices()
+            if workers > 1:
+                slices = slices[worker::workers]
+            rng = random.Random(seed) if self._shuffle else None
+            return ShardStream(
+                slices, self.items, rng, self._buffer_size, self._concurrency, position
+            )
+
+        if self._counts is None and world > 1:
+            return _AfterCounting(self.count_samples, stream)
+        return stream()
+
+    async def count_samples(self) -> list[int]:
+        """The samples in each shard, counted by reading every shard through once (a tar
+        has no index), ``shard_concurrency`` at a time; kept, so this reads only once.
+
+        Splitting shards across ranks with equal sample counts needs them: without
+        ``samples_per_shard``, each rank counts on its first iteration (in each worker, with
+        ``fetch_in_workers``), reading the data once more. Save what this returns and pass
+        it as ``samples_per_shard`` to skip that read.
+        """
+        if self._counts is None:
+            limit = asyncio.Semaphore(self._concurrency)
+
+            async def count(shard: int) -> int:
+                async with limit:
+                    read = self.samples(Slice(shard, 0, None))
+                    async with contextlib.aclosing(read) as samples:
+                        return sum([1 async for _ in samples])
+
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [tg.create_task(count(s)) for s in range(len(self._urls))]
+            except BaseExceptionGroup as group:
+                raise unwrap_group(group) from None
+            self._counts = [task.result() for task in tasks]
+        return list(self._counts)
 
     def __repr__(self) -> str:
         first = redact_url(self._urls[0])

@@ -8,8 +8,8 @@ a sample, and at most ``world - 1`` samples (the tail of the shuffled order, dif
 epoch) are left out of an epoch, as DistributedSampler's ``drop_last=True`` does. A shard that
 straddles two ranks is read by both: one stops early, the other reads past the head it skips.
 
-This needs the number of samples in each shard (``samples_per_shard``); without it only a
-single rank can be served (every shard, whole).
+This needs the number of samples in each shard (``samples_per_shard``, or counted by reading
+the shards once); a single rank can do without (it reads every shard, whole).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def plan(
     if counts is None:
         if world_size > 1:
             raise ValueError(
-                "samples_per_shard is needed to split shards across "
+                "samples_per_shard (or count_samples()) is needed to split shards across "
                 f"{world_size=} ranks with equal sample counts"
             )
         return [Slice(shard, 0, None) for shard in order]

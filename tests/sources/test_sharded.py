@@ -176,10 +176,27 @@ def test_breaking_out_cancels_the_readers(http_server):
     assert asyncio.run(run()) == set()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_without_counts_ranks_count_the_shards_and_split_them_evenly(http_server, workers):
+    """Uneven shards, no samples_per_shard: every rank counts, then takes an equal share."""
+    shards = shard_set(5, [7, 1, 12, 4, 9])  # 33 samples: 11 per rank of 3
+    server = http_server(shards)
+    urls = [server.url(name) for name in shards]
+    got = []
+    for rank in range(3):
+        source = make(urls, rank=rank, world_size=3)
+        options = {"num_workers": workers, "fetch_in_workers": bool(workers)}
+        got.append(keys(AsyncLoader(source, batch_size=4, collate_fn=list, **options)))
+    assert [len(k) for k in got] == [11, 11, 11]
+    assert sorted(k for rank in got for k in rank) == all_keys([7, 1, 12, 4, 9])
+    counted = make(urls)
+    assert asyncio.run(counted.count_samples()) == [7, 1, 12, 4, 9] and len(counted) == 33
+
+
 def test_world_size_above_one_needs_counts_and_options_are_checked():
-    """Splitting across ranks without samples_per_shard, and bad options, fail clearly."""
+    """Splitting across ranks before counting, and bad options, fail clearly."""
     source = ShardedSource(["/x/0.tar", "/x/1.tar"], rank=0, world_size=2)
-    with pytest.raises(ValueError, match="samples_per_shard is needed to split shards across"):
+    with pytest.raises(ValueError, match=r"samples_per_shard \(or count_samples\(\)\) is needed"):
         source.slices()
     with pytest.raises(ValueError, match="rank=2 must be in"):
         ShardedSource(["/x/0.tar"], rank=2, world_size=2)
