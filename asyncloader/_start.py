@@ -79,12 +79,17 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
     resume = resume_point(state) if state else Resume()
     number = state["epoch"] if state else number
     cuts = tuple(tuple(c) for c in state.get("distributed", {}).get("history", ())) if state else ()
-    if options.distributed:  # before a loaded state: set_epoch may reset a source's position
+    # set_epoch may reset a source's position: mid-epoch the loaded position wins (told
+    # first), at an epoch's start the epoch does (told after its carried-over state)
+    mid_epoch = bool(resume.start or resume.skip)
+    if options.distributed and mid_epoch:
         tell_epoch(options, number, cuts)
     saved = resume.source_state or {}
     if saved.get("dataset") is not None:
         # Before anything draws (torchdata's order): a dataset's state may hold RNG states.
         options.dataset.load_state_dict(saved["dataset"])
+    if options.distributed and not mid_epoch:
+        tell_epoch(options, number, cuts)
     with _rng_replayed(generator, decode_rng(state["rng"]) if state else None):
         rng = capture_rng(generator)
         seed = draw_seed(generator)  # before the sampler draws, as DataLoader does

@@ -230,11 +230,15 @@ class WorkerCore:
         dataset, saved = self._plan.dataset, opening.state or {}
 
         def start() -> Any:
+            # as _start.start_epoch: mid-epoch the loaded position wins, at the start the epoch
             set_epoch = getattr(dataset, "set_epoch", None)
-            if opening.epoch is not None and callable(set_epoch):
+            tell = opening.epoch is not None and callable(set_epoch)
+            if tell and opening.delivered:
                 set_epoch(opening.epoch)
             if saved.get("dataset") is not None:
                 dataset.load_state_dict(saved["dataset"])
+            if tell and not opening.delivered:
+                set_epoch(opening.epoch)
             iterator = aiter(dataset) if self._is_async else iter(dataset)
             if saved.get("iterator") is not None:
                 iterator.load_state_dict(saved["iterator"])

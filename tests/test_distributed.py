@@ -321,3 +321,31 @@ def test_an_out_of_order_position_does_not_move_to_another_world_size():
     loader_at(24, 0, 2).load_state_dict(state)  # the same size: fine
     with pytest.raises(ValueError, match="in_order=True"):
         loader_at(24, 0, 3).load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sharded_source_resumed_between_epochs_gives_the_next_epoch_whole(tmp_path, workers):
+    """The state after an epoch carries the source's finished position; the epoch the loader
+    tells it afterwards wins, so the next epoch is the uninterrupted job's."""
+    for name, data in shard_set(4, 5).items():
+        (tmp_path / name).write_bytes(data)
+    urls = sorted(str(p) for p in tmp_path.glob("*.tar"))
+
+    def loader():
+        source = ShardedSource(urls, samples_per_shard=5, seed=1, shuffle_buffer=4)
+        options = {"num_workers": workers, "fetch_in_workers": bool(workers)}
+        return AsyncLoader(
+            source, batch_size=3, collate_fn=list, distributed=True, rank=0, world_size=1,
+            **options,
+        )  # fmt: skip
+
+    def keys(loader):
+        return [s["__key__"] for b in loader for s in b]
+
+    whole = loader()
+    epochs = [keys(whole) for _ in range(2)]
+    first = loader()
+    assert keys(first) == epochs[0]
+    resumed = loader()
+    resumed.load_state_dict(first.state_dict())
+    assert keys(resumed) == epochs[1] and len(epochs[1]) == 20

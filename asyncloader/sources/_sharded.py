@@ -251,6 +251,7 @@ class ShardedSource(ClientSource):
             "rank": pos.rank,
             "world_size": pos.world_size,
             "shuffle_initial": pos.initial,
+            "worker_split": pos.worker_split,
         }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
@@ -260,14 +261,19 @@ class ShardedSource(ClientSource):
         ``samples_per_shard`` only what is still needed is read again (see :mod:`._stream`);
         without it, the epoch is read from its start and the first samples dropped.
 
+        Ranks step together and every rank (and each of its workers) holds the same number
+        of samples, so a state saved by any rank of the same world size continues this
+        rank's part of the epoch at the same place.
+
         Raises:
-            ValueError: ``state`` is for another rank or world size, or past the epoch's end.
+            ValueError: ``state`` is for another world size, or past the epoch's end.
         """
         rank, world = resolve_ranks(self._rank, self._world)
-        if (state["rank"], state["world_size"]) != (rank, world):
+        if state["world_size"] != world:
             raise ValueError(
                 f"state was saved by rank {state['rank']} of {state['world_size']}, this source "
-                f"is rank {rank} of {world}"
+                f"is rank {rank} of {world}: a position moves to another world size only "
+                "between epochs"
             )
         yielded = int(state["yielded"])
         if yielded < 0 or (self._counts is not None and yielded > per_rank(self._counts, world)):
@@ -275,11 +281,13 @@ class ShardedSource(ClientSource):
         self._epoch = int(state["epoch"])
         # A state without shuffle_initial predates it: its buffer filled before the first draw.
         initial = min(int(state.get("shuffle_initial", self._buffer_size)), self._buffer_size)
-        self._position = Position(self._epoch, rank, world, yielded, initial)
+        split = state.get("worker_split", "slices")  # before it, workers took every n-th slice
+        self._position = Position(self._epoch, rank, world, yielded, initial, split)
         self._loaded = True
 
-    def slices(self) -> list[Slice]:
-        """The shard slices this rank reads in the current epoch, in reading order."""
+    def slices(self, worker: int = 0, workers: int = 1) -> list[Slice]:
+        """The shard slices this rank (its worker ``worker`` of ``workers``) reads in the
+        current epoch, in reading order."""
         rank, world = resolve_ranks(self._rank, self._world)
         return plan(
             self._counts,
@@ -289,6 +297,8 @@ class ShardedSource(ClientSource):
             shuffle=self._shuffle,
             rank=rank,
             world_size=world,
+            worker=worker,
+            workers=workers,
         )
 
     def __len__(self) -> int:
@@ -299,24 +309,25 @@ class ShardedSource(ClientSource):
 
     def __aiter__(self) -> AsyncIterator[Any]:
         """This rank's samples; inside a worker of ``fetch_in_workers=True``, only the worker's
-        part: worker ``w`` of ``n`` reads slices ``w, w + n, ...`` of the rank's plan, so the
-        workers read disjoint shards (a worker without a slice yields nothing), each shuffled
-        with its own RNG."""
+        part (equal sample counts, see :mod:`._shardplan`), shuffled with its own RNG."""
         rank, world = resolve_ranks(self._rank, self._world)
-        start, initial = 0, self._initial
+        start, initial, split = 0, self._initial, "samples"
         if self._position is not None and self._loaded:
             start, initial = self._position.yielded, self._position.initial
+            split = self._position.worker_split
         self._loaded = False
-        position = self._position = Position(self._epoch, rank, world, start, initial)
+        position = self._position = Position(self._epoch, rank, world, start, initial, split)
         seed = f"{self._seed}:{self._epoch}:{rank}:samples"
         worker, workers = _worker_part()
         if workers > 1:
             seed += f":worker{worker}of{workers}"
 
         def stream() -> ShardStream:
-            slices = self.slices()
-            if workers > 1:
-                slices = slices[worker::workers]
+            if workers > 1 and (split == "slices" or self._counts is None):
+                position.worker_split = "slices"
+                slices = self.slices()[worker::workers]
+            else:
+                slices = self.slices(worker, workers)
             rng = random.Random(seed) if self._shuffle else None
             return ShardStream(
                 slices, self.items, rng, self._buffer_size, self._concurrency, position

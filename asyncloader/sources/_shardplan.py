@@ -8,6 +8,12 @@ a sample, and at most ``world - 1`` samples (the tail of the shuffled order, dif
 epoch) are left out of an epoch, as DistributedSampler's ``drop_last=True`` does. A shard that
 straddles two ranks is read by both: one stops early, the other reads past the head it skips.
 
+Workers (``fetch_in_workers``, each iterating its own copy) split their rank's range the same
+way: worker ``w`` of ``n`` takes ``[w * per // n, (w + 1) * per // n)`` of it. So every rank's
+workers hold the same counts, and end with the same partial batches: every rank makes the
+same number of steps. Without counts (a single rank), worker ``w`` reads slices ``w, w + n,
+...`` (``"slices"``, also the rule of states saved before this one).
+
 This needs the number of samples in each shard (``samples_per_shard``, or counted by reading
 the shards once); a single rank can do without (it reads every shard, whole).
 """
@@ -65,8 +71,11 @@ def plan(
     shuffle: bool,
     rank: int,
     world_size: int,
+    worker: int = 0,
+    workers: int = 1,
 ) -> list[Slice]:
-    """The slices rank ``rank`` reads in ``epoch``, in reading order (see the module rule)."""
+    """The slices rank ``rank`` reads in ``epoch``, in reading order (see the module rule):
+    worker ``worker`` of ``workers`` iterating its own copy reads part ``worker`` of them."""
     order = shard_order(n_shards, seed, epoch, shuffle)
     if counts is None:
         if world_size > 1:
@@ -74,9 +83,10 @@ def plan(
                 "samples_per_shard (or count_samples()) is needed to split shards across "
                 f"{world_size=} ranks with equal sample counts"
             )
-        return [Slice(shard, 0, None) for shard in order]
+        return [Slice(shard, 0, None) for shard in order][worker::workers]
     per = sum(counts) // world_size
-    lo, hi = rank * per, (rank + 1) * per
+    lo = rank * per
+    lo, hi = lo + worker * per // workers, lo + (worker + 1) * per // workers
     slices, start = [], 0
     for shard in order:
         end = start + counts[shard]

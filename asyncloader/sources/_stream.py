@@ -61,6 +61,9 @@ class Position:
     yielded: int = 0
     #: Samples in the shuffle buffer before its first draw (None: a full buffer).
     initial: int | None = None
+    #: How a worker's part of the rank was chosen (see ``_shardplan.plan``): ``"samples"``
+    #: (equal sample counts) or ``"slices"`` (every n-th slice, before shard counts).
+    worker_split: str = "samples"
 
 
 class _Failed:

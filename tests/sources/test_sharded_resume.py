@@ -13,6 +13,7 @@ from asyncloader.sources import Retry, ShardedSource
 from asyncloader.sources._stream import DEPTH, ShardStream
 from tests.helpers import shard_set
 from tests.helpers.contracts import check_resume
+from tests.helpers.sources import as_worker
 from tests.servers import Faults
 
 FAST = Retry(attempts=8, backoff=0.001, max_backoff=0.01)
@@ -217,7 +218,7 @@ def test_skipped_samples_keep_their_places_in_the_order(tmp_path):
 
 
 def test_a_state_from_another_rank_or_past_the_end_is_refused(tmp_path):
-    """load_state_dict checks the rank, the world size and the position."""
+    """load_state_dict checks the world size and the position; any rank's state will do."""
     paths = write_shards(tmp_path, SIZES)
     state = make(paths, rank=0, world_size=2).state_dict()
     assert state == {
@@ -226,9 +227,11 @@ def test_a_state_from_another_rank_or_past_the_end_is_refused(tmp_path):
         "rank": 0,
         "world_size": 2,
         "shuffle_initial": 6,
+        "worker_split": "samples",
     }
-    with pytest.raises(ValueError, match="saved by rank 0 of 2, this source is rank 1 of 2"):
-        make(paths, rank=1, world_size=2).load_state_dict(state)
+    make(paths, rank=1, world_size=2).load_state_dict(state)  # ranks step together
+    with pytest.raises(ValueError, match="saved by rank 0 of 2, this source is rank 1 of 3"):
+        make(paths, rank=1, world_size=3).load_state_dict(state)
     with pytest.raises(ValueError, match="yielded=99 is outside this rank's epoch"):
         make(paths).load_state_dict({**state, "yielded": 99, "world_size": 1})
 
@@ -336,3 +339,30 @@ def test_a_state_from_before_shuffle_initial_resumes_with_a_full_first_fill(tmp_
     del state["shuffle_initial"]
     rest, _ = resumed(lambda: make(paths, shuffle_buffer=20, shuffle_initial=3), state)
     assert head + rest == reference
+
+
+def keys_of(source):
+    async def run():
+        return [s["__key__"] async for s in source]
+
+    return asyncio.run(run())
+
+
+def test_workers_split_the_rank_by_sample_count_and_old_states_keep_their_split(tmp_path):
+    """A worker's part holds per // workers samples (so every rank's workers end with the
+    same partial batches); a state from before that rule resumes with the old one."""
+    paths = write_shards(tmp_path, SIZES)  # 53 samples: 26 per rank of 2, 13 per worker
+    for rank in range(2):
+        parts = []
+        for worker in range(2):
+            with as_worker(worker, 2):
+                parts.append(keys_of(make(paths, rank=rank, world_size=2)))
+        assert [len(p) for p in parts] == [13, 13]
+    source = make(paths, shuffle=False, shard_concurrency=1)
+    old = {k: v for k, v in source.state_dict().items() if k != "worker_split"}
+    with as_worker(1, 2):
+        source.load_state_dict(old)
+        assert source.state_dict()["worker_split"] == "slices"
+        got = keys_of(source)
+    every_other = [s.shard for s in source.slices()[1::2]]
+    assert got == [f"s{s:03d}-{i:04d}" for s in every_other for i in range(SIZES[s])]

@@ -1,0 +1,137 @@
+"""Multi-rank under torchrun (gloo, CPU): each epoch's union over ranks is the dataset once,
+every rank makes the same steps, and a job killed mid-epoch resumes at another world size.
+
+Three jobs, one after the other: 3 ranks with a map-style and a sharded loader (2 workers per
+rank), killed at epoch 1, step 1; the map-style loader resumed at 2 ranks (elastic); the
+sharded one resumed at 3 (its position moves to another world size only between epochs).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import shard_set
+from tests.helpers.processes import Exits
+from tests.torchrun_scripts.job import MAP_SAMPLES
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = Path(__file__).resolve().parent / "torchrun_scripts" / "job.py"
+SHARD_COUNTS = [5, 7, 4, 6, 5, 3]  # 30 samples: 10 per rank of 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """Processes whose environment carries ``marker`` (the job's, inherited by every child)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("ASYNCLOADER_TEST_JOB") == marker:
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    """Runs the job at ``ranks`` ranks on 127.0.0.1; afterwards no process of it is left."""
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "ASYNCLOADER_TEST_JOB": marker, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={ranks}", "--nnodes=1", "--node_rank=0",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--max_restarts=0",
+        str(JOB), *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, env=env, cwd=ROOT, start_new_session=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    left = marked(marker)
+    exits = Exits(left)
+    try:
+        assert not exits.wait(30), f"processes of the job outlived it: {left}"
+    finally:
+        exits.close()
+    return subprocess.CompletedProcess(command, proc.returncode, out)
+
+
+def steps(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def taken(records: list[dict], kind: str, epoch: int) -> list:
+    """What every rank got of ``kind`` in ``epoch``; checks that the ranks stepped together."""
+    out = []
+    for record in records:
+        if record["epoch"] != epoch:
+            continue
+        present = [kind in got for got in record["ranks"]]
+        assert all(present) or not any(present), f"ranks made different steps: {record}"
+        out += [x for got in record["ranks"] for x in got.get(kind, [])]
+    return out
+
+
+def test_ranks_cover_each_epoch_once_and_resume_at_another_world_size(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for name, data in shard_set(len(SHARD_COUNTS), SHARD_COUNTS).items():
+        (shards / name).write_bytes(data)
+    keys = sorted(f"s{s:03d}-{i:04d}" for s, n in enumerate(SHARD_COUNTS) for i in range(n))
+    ckpt = tmp_path / "checkpoint.json"
+    common = ["--shards", str(shards), "--checkpoint", str(ckpt)]
+
+    first = torchrun(
+        3, *common, "--epochs", "3", "--record", str(tmp_path / "a"), "--crash-at", "1", "1"
+    )
+    saved = ckpt.read_text()
+    assert first.returncode != 0, first.stdout
+    a = steps(tmp_path / "a")
+    assert sorted(taken(a, "map", 0)) == list(range(MAP_SAMPLES)), first.stdout
+    assert sorted(taken(a, "sharded", 0)) == keys
+    assert [r["step"] for r in a if r["epoch"] == 1] == [0, 1]  # killed mid-epoch
+
+    second = torchrun(
+        2, *common, "--kinds", "map", "--resume", "--epochs", "3", "--record", str(tmp_path / "b")
+    )
+    assert second.returncode == 0, second.stdout
+    b = steps(tmp_path / "b")
+    assert sorted(taken(a, "map", 1) + taken(b, "map", 1)) == list(range(MAP_SAMPLES))
+    assert sorted(taken(b, "map", 2)) == list(range(MAP_SAMPLES))
+
+    ckpt.write_text(saved)  # the second job checkpointed too
+    third = torchrun(
+        3,
+        *common,
+        "--kinds",
+        "sharded",
+        "--resume",
+        "--epochs",
+        "2",
+        "--record",
+        str(tmp_path / "c"),
+    )
+    assert third.returncode == 0, third.stdout
+    resumed = taken(a, "sharded", 1) + taken(steps(tmp_path / "c"), "sharded", 1)
+    assert Counter(resumed) == Counter(keys)
