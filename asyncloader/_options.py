@@ -125,7 +125,8 @@ class Options:
             _set(self, **{name: bool(getattr(self, name))})
 
     def _resolve_ranks(self, kind: SourceKind) -> None:
-        """Checks the multi-rank options; with ``distributed``, fixes rank and world size."""
+        """Checks the multi-rank options. Rank and world size not given are torch.distributed's
+        at each epoch's start (so a loader built before ``init_process_group`` is right)."""
         _set(self, distributed=bool(self.distributed))
         if not self.distributed:
             for name in ("rank", "world_size"):
@@ -139,8 +140,8 @@ class Options:
         for name, minimum in (("rank", 0), ("world_size", 1)):
             if getattr(self, name) is not None:
                 check.check_int(name, getattr(self, name), minimum)
-        rank, world = resolve_ranks(self.rank, self.world_size)
-        _set(self, rank=rank, world_size=world)
+        if self.rank is not None or self.world_size is not None:
+            resolve_ranks(self.rank, self.world_size)  # checks them; else resolved each epoch
 
     def _sample_map(self) -> None:
         """Checks the sampling options of a map-style source and builds its sampler chain."""
@@ -151,7 +152,6 @@ class Options:
             _set(self, batch_size=None, drop_last=False)
         sampler = self.sampler
         if self.distributed and sampler is None and self.batch_sampler is None:
-            assert self.rank is not None and self.world_size is not None
             sampler = RankSampler(
                 len(self.dataset),
                 rank=self.rank,

@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
+from asyncloader.sources._shardplan import resolve_ranks
+
 TAILS = ("pad", "drop")
 
 #: One interruption of an epoch: the world size then, samples each rank had taken, its tail.
@@ -64,7 +66,8 @@ class RankSampler(Sampler[int]):
 
     Args:
         n: Samples in the dataset.
-        rank, world_size: This rank's place.
+        rank, world_size: This rank's place; ``None``: torch.distributed's when initialised
+            (asked anew each time), else a single rank.
         shuffle: A new permutation each epoch (else the dataset's order).
         seed: Seeds the permutations; the same on every rank.
         tail: ``"pad"`` or ``"drop"``.
@@ -74,12 +77,27 @@ class RankSampler(Sampler[int]):
     """
 
     def __init__(
-        self, n: int, *, rank: int, world_size: int, shuffle: bool, seed: int, tail: str
+        self,
+        n: int,
+        *,
+        rank: int | None,
+        world_size: int | None,
+        shuffle: bool,
+        seed: int,
+        tail: str,
     ) -> None:
-        self.n, self.rank, self.world_size = n, rank, world_size
+        self.n, self._place = n, (rank, world_size)
         self.shuffle, self.seed, self.tail = shuffle, seed, tail
         self.epoch = 0
         self.history: list[Cut] = []
+
+    @property
+    def rank(self) -> int:
+        return resolve_ranks(*self._place)[0]
+
+    @property
+    def world_size(self) -> int:
+        return resolve_ranks(*self._place)[1]
 
     @property
     def num_replicas(self) -> int:
@@ -101,7 +119,8 @@ class RankSampler(Sampler[int]):
         return order
 
     def __iter__(self) -> Iterator[int]:
-        return iter(split(self.epoch_order(self.history), self.rank, self.world_size, self.tail))
+        rank, world_size = resolve_ranks(*self._place)
+        return iter(split(self.epoch_order(self.history), rank, world_size, self.tail))
 
     def __len__(self) -> int:
         return per_rank(remainder_len(self.n, self.history), self.world_size, self.tail)

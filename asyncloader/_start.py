@@ -110,10 +110,12 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
 
 
 def tell_rank(options: Options) -> None:
-    """``distributed=True``: an iterable source with ``set_rank`` is told its place, once,
-    before any worker takes a copy of it."""
+    """``distributed=True`` with an explicit ``rank``: an iterable source with ``set_rank`` is
+    told its place, once, before any worker takes a copy of it (without one, it finds
+    torch.distributed's itself, as ``ShardedSource`` does)."""
     set_rank = getattr(options.dataset, "set_rank", None)
-    if options.distributed and not options.kind.is_map and callable(set_rank):
+    explicit = options.rank is not None
+    if options.distributed and explicit and not options.kind.is_map and callable(set_rank):
         set_rank(options.rank, options.world_size)
 
 

@@ -168,7 +168,8 @@ class AsyncLoader(Generic[T_co]):
             (``set_epoch(epoch)``, in the workers too with ``fetch_in_workers``) when it has
             those methods, as ``ShardedSource`` does.
         rank, world_size: With ``distributed``: this process's place; default
-            ``torch.distributed``'s when initialised, else a single rank.
+            ``torch.distributed``'s when initialised at an epoch's start (so the loader may
+            be built before ``init_process_group``), else a single rank.
         distributed_tail: With ``distributed``, when the dataset does not divide evenly:
             ``"pad"`` (default, as ``DistributedSampler``): the first samples of the
             permutation are repeated to fill the last ranks; ``"drop"``: fewer than

@@ -107,6 +107,18 @@ def test_bad_options_name_themselves(options, error, match):
         AsyncLoader(list(range(4)), **options)
 
 
+def test_ranks_come_from_torch_distributed_as_each_epoch_starts(monkeypatch):
+    """A loader built before init_process_group partitions by the group it iterates in."""
+    loader = AsyncLoader(list(range(12)), batch_size=2, shuffle=True, distributed=True)
+    assert len(loader) == 6  # no group yet: a single rank
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
+    explicit = loader_at(12, 1, 3)
+    assert len(loader) == 2 and [b.tolist() for b in loader] == [b.tolist() for b in explicit]
+    assert loader.state_dict()["distributed"]["world_size"] == 3
+
+
 @pytest.mark.parametrize("tail", ["pad", "drop"])
 def test_the_partition_is_distributed_samplers(tail):
     """A job mixing these loaders with DistributedSampler-fed ones agrees on every epoch."""
