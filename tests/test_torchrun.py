@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(240)
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = Path(__file__).resolve().parent / "torchrun_scripts" / "job.py"
+DDP_EXAMPLE = ROOT / "examples" / "ddp_train.py"
 SHARD_COUNTS = [5, 7, 4, 6, 5, 3]  # 30 samples: 10 per rank of 3
 
 
@@ -47,8 +48,8 @@ def marked(marker: str) -> list[psutil.Process]:
     return found
 
 
-def torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
-    """Runs the job at ``ranks`` ranks on 127.0.0.1; afterwards no process of it is left."""
+def torchrun(ranks: int, *args: str, script: Path = JOB) -> subprocess.CompletedProcess:
+    """Runs ``script`` at ``ranks`` ranks on 127.0.0.1; afterwards no process of it is left."""
     marker = uuid.uuid4().hex
     env = {**os.environ, "ASYNCLOADER_TEST_JOB": marker, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -56,7 +57,7 @@ def torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc_per_node={ranks}", "--nnodes=1", "--node_rank=0",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--max_restarts=0",
-        str(JOB), *args,
+        str(script), *args,
     ]  # fmt: skip
     proc = subprocess.Popen(
         command, env=env, cwd=ROOT, start_new_session=True, text=True,
@@ -135,3 +136,16 @@ def test_ranks_cover_each_epoch_once_and_resume_at_another_world_size(tmp_path):
     assert third.returncode == 0, third.stdout
     resumed = taken(a, "sharded", 1) + taken(steps(tmp_path / "c"), "sharded", 1)
     assert Counter(resumed) == Counter(keys)
+
+
+def test_the_ddp_example_resumes_on_another_number_of_ranks(tmp_path):
+    """examples/ddp_train.py: stopped after 3 of epoch 0's 4 steps at 2 ranks (384 of 512
+    samples), it resumes at 1 rank and takes the 128 left: 2 steps of 64."""
+    ckpt = str(tmp_path / "ddp.pt")
+    args = ["--samples", "512", "--epochs", "1", "--checkpoint", ckpt]
+    first = torchrun(2, *args, "--stop-after", "3", script=DDP_EXAMPLE)
+    assert first.returncode == 0 and "epoch 0: 3 steps per rank" in first.stdout, first.stdout
+    second = torchrun(1, *args, script=DDP_EXAMPLE)
+    assert second.returncode == 0, second.stdout
+    assert "resumed at step 3 (saved by 2 ranks, now 1)" in second.stdout
+    assert "epoch 0: 2 steps per rank" in second.stdout, second.stdout

@@ -216,6 +216,14 @@ class ShardedSource(ClientSource):
         self._position: Position | None = None  # of the current (or a loaded) iteration
         self._loaded = False  # the next iteration starts at the loaded position
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for a worker process keeps this process's place among the ranks: the
+        worker has no torch.distributed group to ask."""
+        state = self.__dict__.copy()
+        if self._rank is None:
+            state["_rank"], state["_world"] = resolve_ranks(None, None)
+        return state
+
     def set_rank(self, rank: int, world_size: int) -> None:
         """Sets this source's place among the ranks (``AsyncLoader(distributed=True)`` calls
         it). Raises ValueError when it was built for another place."""

@@ -1,6 +1,7 @@
 """ShardedSource: exactly-once across ranks under faults, equal counts, resume, epochs, skips."""
 
 import asyncio
+import pickle
 from collections import Counter
 
 import pytest
@@ -94,8 +95,11 @@ def test_ranks_come_from_torch_distributed_when_initialised(monkeypatch):
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
     source = make([f"/x/{i}.tar" for i in range(8)], 10)
     assert len(source) == 20
+    pickled = pickle.dumps(source)
     explicit = make([f"/x/{i}.tar" for i in range(8)], 10, rank=1, world_size=4)
     assert source.slices() == explicit.slices()
+    monkeypatch.undo()  # a worker's copy has no group to ask: it keeps the parent's place
+    assert pickle.loads(pickled).slices() == explicit.slices()
 
 
 def test_local_shards_samples_are_grouped_by_key(tmp_path):
