@@ -10,7 +10,7 @@ benchmarks.probes.NAME``; ``--help`` says what it measures.
 - ``io_ceiling``: a bare uvloop program on the io workload, the ceiling asyncloader is held to.
 - ``process_split``: one epoch's CPU and page faults, main process against each worker.
 - ``repeatable_draws``: random augmentations run after run, across worker counts and resume.
-- ``seed_cost``: the cost of ``seed_per_sample`` on the cpu workload.
+- ``option_cost``: the cost of one option (``seed_per_sample`` on cpu, ``distributed`` on overhead).
 - ``sleep_precision``: how long ``asyncio.sleep(0.020)`` really takes.
 - ``sync_vs_async``: ``for`` (the sync wrapper) against ``async for`` on io.
 """
