@@ -1,8 +1,14 @@
 """Test-wide configuration: CUDA tests skip where there is no CUDA device; servers that
 several modules share (on 127.0.0.1 only) start once per session."""
 
+import os
+
 import pytest
 import torch
+
+# The local Ray cluster of test_ray.py binds to 127.0.0.1 only (Ray reads this when imported;
+# its own name for "no multi-node cluster": the node address is then the loopback one).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 # Before tests.helpers is first imported: its checkers' asserts then report like a test's.
 pytest.register_assert_rewrite("tests.helpers")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -74,6 +75,7 @@ def _one(workload: str, kind: str, batch: int) -> dict:
 
     items, batch = ITEMS[workload], batch or WORKLOADS[workload].batch
     if kind != "local pool":
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # 127.0.0.1 only
         import ray
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
