@@ -5,6 +5,7 @@ Import everything from here::
     from asyncloader import AsyncLoader, get_worker_info
 """
 
+from asyncloader._report import Diagnosis
 from asyncloader._stats import LoaderStats
 from asyncloader._worker import WorkerInfo, get_worker_info
 from asyncloader.errors import (
@@ -20,6 +21,7 @@ from asyncloader.loader import AsyncLoader
 __all__ = [
     "AsyncLoader",
     "AsyncLoaderError",
+    "Diagnosis",
     "FetchError",
     "LoaderStats",
     "LoaderTimeoutError",

@@ -14,6 +14,7 @@ from typing import Any
 
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
+from asyncloader._meter import now
 from asyncloader._skip import EMPTY
 from asyncloader._stats import LoaderStats
 
@@ -51,6 +52,7 @@ class AsyncIterator:
             task = self._epoch.start()
             loop = asyncio.get_running_loop()
             self._finalizer = weakref.finalize(self, _cancel_threadsafe, loop, task)
+        asked = now()
         try:
             async with asyncio.timeout(self._timeout) as deadline:
                 seq, batch = await self._epoch.next()
@@ -70,6 +72,7 @@ class AsyncIterator:
         except BaseException:
             await self.aclose()
             raise
+        self._epoch.meter.received(asked)
         self._epoch.release()
         self._epoch.progress.delivered(seq)
         return seq, batch

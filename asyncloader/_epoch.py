@@ -41,6 +41,7 @@ from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._failure import Failure, unwrap_group
 from asyncloader._fetch import Fetcher, fetch_then_run
+from asyncloader._meter import EpochMeter, now
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
@@ -123,6 +124,7 @@ class Epoch:
         self._out = ReorderBuffer(in_order=False) if options.device_stage else self._buffer
         self._device_room = asyncio.Semaphore(options.device_depth or 1)
         self._inflight: dict[int, Sequence[Any]] = {}  # seq -> indices, until handed over
+        self.meter = EpochMeter(options.fetch_concurrency, options.engine_window)
         self._fetcher: Fetcher | None = None
         self._task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on, once started
@@ -144,8 +146,14 @@ class Epoch:
             StopAsyncIteration: The epoch is complete.
             Exception: What ended the epoch (a sampler error, a crashed worker).
         """
-        seq, item = await self._out.get()
-        self._inflight.pop(seq, None)
+        try:
+            seq, item = await self._out.get()
+        except StopAsyncIteration:
+            self.meter.end()
+            raise
+        indices = self._inflight.pop(seq, None)
+        if indices is not None:
+            self.meter.samples += len(indices)
         return seq, item
 
     def outcome(self, seq: int, item: Any) -> Any:
@@ -164,6 +172,7 @@ class Epoch:
 
     def release(self) -> None:
         """The consumer has received a batch: return its permit to the window (on the loop)."""
+        self.meter.waiting.add(-1, now())
         self._window.release()
         if self._out is not self._buffer:
             self._device_room.release()
@@ -186,8 +195,13 @@ class Epoch:
 
     @property
     def stats(self) -> LoaderStats:
-        options = self._options
+        options, meter = self._options, self.meter
         fetching = self._fetcher.max_fetching if self._fetcher else 0
+        at, elapsed = meter.ended or now(), meter.elapsed()
+        fetched = meter.fetch.count > 0
+        ms = lambda seconds: None if seconds is None else seconds * 1e3  # noqa: E731
+        consumer, received = meter.stall + meter.busy, self.progress.batches
+        device = meter.device.count > 0
         return LoaderStats(
             options.window,
             self._window.max_ahead,
@@ -195,6 +209,25 @@ class Epoch:
             fetching,
             self.progress.batches,
             self.skips.count if self.skips is not None else 0,
+            elapsed=elapsed,
+            samples=meter.samples,
+            throughput=meter.samples / elapsed if elapsed > 0 else 0.0,
+            first_batch=meter.first_batch,
+            fetch_p50_ms=ms(meter.fetch.quantile(0.5)),
+            fetch_p99_ms=ms(meter.fetch.quantile(0.99)),
+            fetch_in_flight=meter.fetching.mean(at) if fetched else None,
+            engine_ms=ms(meter.engine.mean()),
+            engine_in_flight=meter.in_engine.mean(at),
+            engine_window=options.engine_window,
+            waiting=meter.waiting.mean(at),
+            max_waiting=meter.waiting.peak,
+            device_ms=ms(meter.device.mean()) if device else None,
+            device_busy=meter.device.total / elapsed if device and elapsed > 0 else None,
+            stall=meter.stall,
+            stall_fraction=meter.stall / consumer if consumer > 0 else 0.0,
+            consumer_ms=ms(meter.busy / (received - 1)) if received > 1 else None,
+            backpressure=meter.backpressure,
+            retries=meter.retries,
         )
 
     async def aclose(self) -> None:
@@ -233,12 +266,17 @@ class Epoch:
         async with asyncio.TaskGroup() as tg:
             if get is not None:
                 skip = self.skips is not None
-                self._fetcher = Fetcher(get, options.fetch_concurrency, tg.create_task, skip)
+                self._fetcher = Fetcher(
+                    get, options.fetch_concurrency, tg.create_task, skip, self.meter
+                )
             if device is not None:
                 tg.create_task(self._device_pump(device), name="device")
-            admitted = 0
+            admitted, meter = 0, self.meter
             while True:
+                asked = now()
                 await self._window.admit()
+                if meter.waiting.level:  # the slot freed up while batches sat ready
+                    meter.backpressure += now() - asked
                 item = await anext(batches, None)
                 if item is None:
                     self._window.release()
@@ -306,7 +344,7 @@ class Epoch:
             engine = ExecutorEngine(loader_threads(1, "asyncloader-transform"), plan, owned=True)
             stack.push_async_callback(run_in_thread, engine.shutdown, "asyncloader-reaper")
             inline = inline_plan(plan, seeds)
-        return Transformer(engine, options.engine_window, seeds, self._inflight, inline)
+        return Transformer(engine, options.engine_window, seeds, self._inflight, inline, self.meter)
 
     def _batches(
         self, stack: contextlib.AsyncExitStack, transformer: Transformer
@@ -345,6 +383,7 @@ class Epoch:
             result = transformer.received(samples.result)
         else:
             result = await fetch_then_run(self._fetcher, transformer.run, seq, indices, samples)
+        self.meter.waiting.add(1, now())
         self._buffer.put(seq, result)
 
     async def _device_pump(self, device: DeviceStage) -> None:
@@ -365,10 +404,12 @@ class Epoch:
             if trimmed is not None:
                 item = trimmed.batch
             if not isinstance(item, Failure) and not (trimmed and trimmed.empty):
+                began = now()
                 try:
                     item = await device.move(item)
                 except Exception as exc:
                     item = Failure.capture(exc, "device", seq, self._inflight.get(seq, ()))
+                self.meter.device.add(now() - began)
             if trimmed is not None:
                 trimmed.batch, item = item, trimmed
             self._out.put(seq, item)

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from asyncloader._failure import Failure
+from asyncloader._meter import EpochMeter, now
 from asyncloader._skip import Skip, Trimmed
 from asyncloader.errors import AsyncLoaderError
 
@@ -73,6 +74,7 @@ class Fetcher:
             the last batch was passed to :meth:`fetch`, or parked runners wait for ever.
         skip: ``on_error="skip"``: a sample that raises is left out of its batch instead of
             failing it (:meth:`fetch` then returns a :class:`Trimmed`).
+        meter: Told each sample's latency and the samples in flight.
     """
 
     def __init__(
@@ -81,8 +83,10 @@ class Fetcher:
         io_concurrency: int,
         spawn: Spawn,
         skip: bool = False,
+        meter: EpochMeter | None = None,
     ) -> None:
         self._get = get
+        self._meter = meter
         self._skip = skip
         self._limit = io_concurrency
         self._spawn = spawn
@@ -137,7 +141,7 @@ class Fetcher:
 
     async def _run(self) -> None:
         """Fetches queued samples one at a time; parks while there are none."""
-        queue, get = self._queue, self._get
+        queue, get, meter = self._queue, self._get, self._meter
         me = asyncio.current_task()
         assert me is not None
         try:
@@ -162,6 +166,9 @@ class Fetcher:
                 fetching = self.fetching = self.fetching + 1
                 if fetching > self.max_fetching:
                     self.max_fetching = fetching
+                if meter is not None:
+                    began = now()
+                    meter.fetching.add(1, began)
                 try:
                     sample = await get(index)
                 except asyncio.CancelledError as exc:
@@ -178,6 +185,10 @@ class Fetcher:
                     continue
                 finally:
                     self.fetching -= 1
+                    if meter is not None:
+                        ended = now()
+                        meter.fetching.add(-1, ended)
+                        meter.fetch.add(ended - began)
                 if not done.done():
                     batch.samples[pos] = sample
                     batch.left -= 1  # inline: this runs once per sample

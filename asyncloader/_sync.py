@@ -28,6 +28,7 @@ from typing import Any
 
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
+from asyncloader._meter import now
 from asyncloader._skip import EMPTY
 from asyncloader._threads import new_event_loop, unsafe_to_wait
 
@@ -200,6 +201,7 @@ class SyncIterator:
         """The next ``(seq, batch)``, recorded as received and its permit returned."""
         if self._done:
             raise StopIteration
+        asked = now()
         try:
             kind, payload = self._queue.get(timeout=self._timeout)
         except queue.Empty:
@@ -211,6 +213,7 @@ class SyncIterator:
             raise error from None
         if kind == _ITEM:
             seq, item = payload
+            self._epoch.meter.received(asked)
             self._epoch.progress.delivered(seq)
             with contextlib.suppress(RuntimeError):
                 self._pump.loop.call_soon_threadsafe(self._epoch.release)

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import default_collate, default_convert
 
 from asyncloader._engine import Engine
+from asyncloader._meter import EpochMeter, now
 from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._seeding import Seeds
 from asyncloader._skip import Trimmed
@@ -80,9 +81,10 @@ class Transformer:
         inline: A plan (from :func:`inline_plan`) under which small batches are collated on
             the loop: only for an engine of the loader's own threads, which the loop would
             otherwise wait on.
+        meter: Told each batch's round trip and the batches in the engine.
     """
 
-    __slots__ = ("_inflight", "_inline", "_room", "_seeds", "engine")
+    __slots__ = ("_inflight", "_inline", "_meter", "_room", "_seeds", "engine")
 
     def __init__(
         self,
@@ -91,8 +93,10 @@ class Transformer:
         seeds: Seeds | None,
         inflight: Mapping[int, Sequence[Any]],
         inline: BatchPlan | None = None,
+        meter: EpochMeter | None = None,
     ) -> None:
         self.engine = engine
+        self._meter = meter
         self._room = asyncio.Semaphore(window)
         self._seeds = seeds
         self._inflight = inflight
@@ -108,11 +112,20 @@ class Transformer:
         if inline and samples and nbytes(samples[0]) * len(samples) < INLINE_COLLATE_BYTES:
             return run_batch(inline, seq, indices, samples, None)
         async with self._room:
+            meter = self._meter
+            if meter is not None:
+                began = now()
+                meter.in_engine.add(1, began)
             try:  # submit() itself raises once the pool is broken
                 future = self.engine.submit(seq, indices, samples, self._seeds)
                 return self.received(await asyncio.wrap_future(future))
             except BrokenProcessPool as exc:
                 raise await self.crashed(exc) from exc
+            finally:
+                if meter is not None:
+                    ended = now()
+                    meter.in_engine.add(-1, ended)
+                    meter.engine.add(ended - began)
 
     @staticmethod
     def received(result: Any) -> Any:

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from asyncloader._async import AsyncIterator
 from asyncloader._epoch import Epoch
 from asyncloader._options import Options
+from asyncloader._report import Diagnosis, diagnose, render
 from asyncloader._skip import SKIP_LOG_LENGTH
 from asyncloader._start import capture_rng, start_epoch, tell_rank
 from asyncloader._state import (
@@ -253,6 +254,7 @@ class AsyncLoader(Generic[T_co]):
         self._iterators: weakref.WeakSet[SyncIterator] = weakref.WeakSet()
         self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self._last: Epoch | None = None
+        self._previous: LoaderStats | None = None
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
         # Between epochs the dataset's own state is saved: a map-style one's, or an iterable's
@@ -302,11 +304,37 @@ class AsyncLoader(Generic[T_co]):
 
     @property
     def stats(self) -> LoaderStats:
-        """Counters of the current (or last) epoch: window, high-water marks, batches, skips."""
+        """Counters and per-stage figures of the current (or last) epoch: window, high-water
+        marks, batches, skips, throughput, fetch latency, time in the engine and the device
+        stage, the consumer's stalls (see :class:`LoaderStats`). ``stats.as_dict()`` is the
+        form for a metrics logger."""
         if self._last is None:
             options = self._options
             return LoaderStats(options.window, 0, options.fetch_concurrency, 0, 0)
         return self._last.stats
+
+    @property
+    def previous_stats(self) -> LoaderStats | None:
+        """The :attr:`stats` of the epoch before the current (or last) one, if any."""
+        return self._previous
+
+    def report(self) -> str:
+        """A short summary of the current (or last) epoch that names the stage holding it
+        back, with the evidence and the option that would move it, then one line per stage::
+
+            bottleneck: storage: waiting on storage: fetch p50 20.1 ms, p99 20.9 ms, 64 of
+            64 in flight on average (at the limit); raise io_concurrency (now 64; try 128)
+
+        The stage is one of ``consumer`` (the training step; the loader keeps up),
+        ``device``, ``cpu`` (the workers), ``storage``, ``source``, or ``unknown`` before three
+        batches (the rules: :mod:`asyncloader._report`).
+        """
+        stats = self.stats
+        return render(stats, diagnose(stats, self._options), max(self._epoch, 0))
+
+    def bottleneck(self) -> Diagnosis:
+        """The bottleneck :meth:`report` names: ``.stage``, ``.evidence`` and ``.knob``."""
+        return diagnose(self.stats, self._options)
 
     @property
     def skip_log(self) -> list[tuple[Any, str]]:
@@ -323,6 +351,8 @@ class AsyncLoader(Generic[T_co]):
         if start.source_iter is not None:
             self._dataset_keeps_state = start.source_iter is not self._options.dataset
         lease = self._workers.lease(start.seed)
+        if self._last is not None:
+            self._previous = self._last.stats
         self._last = Epoch(self._options, start, lease, self._skip_log)
         self._epochs.add(self._last)
         return self._last

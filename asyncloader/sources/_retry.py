@@ -35,6 +35,8 @@ from asyncloader.sources._redact import Redactor
 
 T = TypeVar("T")
 log = logging.getLogger("asyncloader.sources")
+#: Retries this process's sources made (read by the loader's stats, per epoch as a difference).
+RETRIES = [0]
 
 # Exception classes of aiohttp and botocore that mean "the transport failed": matched by name
 # so that this module imports neither (both are optional dependencies).
@@ -302,6 +304,7 @@ class Attempts:
                 raise error from None
             raise error from exc
         log.debug("retrying %s in %.3fs after attempt %d: %s", self.target, wait, self.total, cause)
+        RETRIES[0] += 1
         await self._sleep(wait)
 
 

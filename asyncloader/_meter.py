@@ -1,0 +1,131 @@
+"""Per-stage measurements of one epoch, read by ``loader.stats`` and ``loader.report()``.
+
+Cheap by construction: a ``perf_counter()`` read and a few float operations per event, no
+locks. Each figure has one writer (the loop's thread, or the consumer's for the consumer
+clock); readers on other threads see whole values (a float or int read under the GIL), so a
+snapshot taken mid-epoch is consistent to within the events in flight.
+
+Stages and what is measured (all in the training process):
+
+- fetch (samples fetched on the event loop): each sample's latency, and the samples in
+  flight over time against ``io_concurrency``;
+- engine (batches in the workers, the executor or the loader's transform thread): each
+  batch's round trip, and the batches in it over time against its window;
+- waiting: batches done and not yet taken by the consumer (reorder buffer and device stage);
+- device: each batch's pin, copy and ``device_transform``;
+- consumer: the time it waited inside ``next()`` (stall) and spent between batches (its own
+  step), and the time the loader's admission waited for a slot that a batch ready for the
+  consumer held (backpressure).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+
+from asyncloader.sources import _retry
+
+RESERVOIR = 2048  # durations kept per stage for the percentiles: the most recent ones
+
+now = time.perf_counter
+
+
+class Level:
+    """A count over time (samples in flight, batches waiting): its value, its high-water mark
+    and its time-weighted mean since ``start``."""
+
+    __slots__ = ("_area", "_since", "_start", "level", "peak")
+
+    def __init__(self, start: float) -> None:
+        self.level = self.peak = 0
+        self._area, self._since, self._start = 0.0, start, start
+
+    def add(self, delta: int, at: float) -> None:
+        self._area += self.level * (at - self._since)
+        self._since = at
+        self.level += delta
+        if self.level > self.peak:
+            self.peak = self.level
+
+    def mean(self, at: float) -> float:
+        span = at - self._start
+        area = self._area + self.level * (at - self._since)
+        return area / span if span > 0 else float(self.level)
+
+
+class Durations:
+    """All durations' count and total, and the last :data:`RESERVOIR` for percentiles."""
+
+    __slots__ = ("_ring", "count", "total")
+
+    def __init__(self) -> None:
+        self._ring = array("d")
+        self.count, self.total = 0, 0.0
+
+    def add(self, seconds: float) -> None:
+        if len(self._ring) < RESERVOIR:
+            self._ring.append(seconds)
+        else:
+            self._ring[self.count % RESERVOIR] = seconds
+        self.count += 1
+        self.total += seconds
+
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (nearest rank) of the recent durations, or None without any."""
+        if not self._ring:
+            return None
+        ordered = sorted(self._ring)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class EpochMeter:
+    """The measurements of one epoch (see the module docstring).
+
+    Args:
+        fetch_limit: Samples at most in flight on the loop (``io_concurrency``).
+        engine_limit: Batches at most in the engine.
+    """
+
+    def __init__(self, fetch_limit: int, engine_limit: int) -> None:
+        start = now()
+        self.started = start
+        self.ended: float | None = None
+        self.fetch_limit, self.engine_limit = fetch_limit, engine_limit
+        self.fetch, self.fetching = Durations(), Level(start)
+        self.engine, self.in_engine = Durations(), Level(start)
+        self.waiting = Level(start)
+        self.device = Durations()
+        self.backpressure = 0.0
+        self.first_batch: float | None = None  # the consumer's thread writes these four
+        self.stall = 0.0
+        self.busy = 0.0
+        self._handed = start
+        self.samples = 0
+        self._retries_before = _retry.RETRIES[0]
+
+    @property
+    def retries(self) -> int:
+        """Retries of this process's sources since the epoch began (any epoch running then
+        counts too)."""
+        return _retry.RETRIES[0] - self._retries_before
+
+    def elapsed(self) -> float:
+        return (self.ended or now()) - self.started
+
+    def received(self, started: float) -> None:
+        """The consumer got a batch after waiting since ``started`` (its ``next()`` call).
+        The first batch's wait (start-up: workers, connections) is kept apart."""
+        got = now()
+        if self.first_batch is None:
+            self.first_batch = got - self.started
+        else:
+            self.stall += got - started
+            self.busy += started - self._handed
+        self._handed = got
+
+    def end(self) -> None:
+        if self.ended is None:
+            self.ended = now()

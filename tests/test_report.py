@@ -1,0 +1,96 @@
+"""loader.stats per-stage figures and loader.report(): the bottleneck named on constructed
+cases, one per stage. The workloads wait or burn on purpose: that is what they measure."""
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from asyncloader import AsyncLoader
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class SlowStorage:
+    """Every sample takes 20 ms to arrive."""
+
+    def __len__(self):
+        return 160
+
+    async def __getitem__(self, i):
+        await asyncio.sleep(0.02)
+        return i
+
+
+def burn(x):
+    """About 3 ms of pure Python per sample."""
+    end = time.thread_time() + 0.003
+    while time.thread_time() < end:
+        pass
+    return x
+
+
+class SlowIterable:
+    def __iter__(self):
+        for i in range(120):
+            time.sleep(0.002)
+            yield i
+
+
+def heavy_device_step(batch):
+    for _ in range(20):
+        batch = batch.clone()
+    return batch
+
+
+def run(loader, step_s=0.0):
+    for _ in loader:
+        if step_s:
+            time.sleep(step_s)  # the training step
+    return loader
+
+
+CASES = {
+    "storage": lambda: run(AsyncLoader(SlowStorage(), batch_size=8, io_concurrency=8)),
+    "cpu": lambda: run(AsyncLoader(list(range(160)), batch_size=8, transform=burn, num_workers=1)),
+    "consumer": lambda: run(AsyncLoader(list(range(160)), batch_size=8), step_s=0.005),
+    "device": lambda: run(
+        AsyncLoader(
+            [torch.ones(256, 1024) for _ in range(48)],
+            batch_size=8,
+            device="cpu",
+            device_transform=heavy_device_step,
+        )
+    ),
+    "source": lambda: run(AsyncLoader(SlowIterable(), batch_size=8)),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(CASES))
+def test_the_report_names_the_stage_that_holds_the_epoch_back(stage):
+    loader = CASES[stage]()
+    assert loader.bottleneck().stage == stage, loader.report()
+    assert f"bottleneck: {stage}:" in loader.report()
+
+
+def test_stats_measure_each_stage():
+    loader = CASES["storage"]()
+    stats = loader.stats
+    assert stats.batches == 20 and stats.samples == 160
+    assert 18 <= stats.fetch_p50_ms <= stats.fetch_p99_ms
+    assert 6 <= stats.fetch_in_flight <= 8 == stats.io_concurrency
+    assert stats.throughput == pytest.approx(160 / stats.elapsed)
+    assert stats.stall_fraction > 0.5 and stats.first_batch > 0
+    assert stats.device_ms is None  # no device stage
+    logged = stats.as_dict()
+    assert logged["samples"] == 160 and "device_ms" not in logged
+
+
+def test_a_new_epoch_keeps_the_last_ones_stats():
+    loader = AsyncLoader(list(range(32)), batch_size=8)
+    assert loader.previous_stats is None and loader.bottleneck().stage == "unknown"
+    list(loader)
+    first = loader.stats
+    list(loader)
+    assert loader.previous_stats == first and loader.stats.samples == 32
