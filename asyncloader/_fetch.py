@@ -166,9 +166,7 @@ class Fetcher:
                 fetching = self.fetching = self.fetching + 1
                 if fetching > self.max_fetching:
                     self.max_fetching = fetching
-                if meter is not None:
-                    began = now()
-                    meter.fetching.add(1, began)
+                began = now() if meter is not None else 0.0
                 try:
                     sample = await get(index)
                 except asyncio.CancelledError as exc:
@@ -186,9 +184,7 @@ class Fetcher:
                 finally:
                     self.fetching -= 1
                     if meter is not None:
-                        ended = now()
-                        meter.fetching.add(-1, ended)
-                        meter.fetch.add(ended - began)
+                        meter.fetch.add(now() - began)
                 if not done.done():
                     batch.samples[pos] = sample
                     batch.left -= 1  # inline: this runs once per sample

@@ -7,10 +7,10 @@ snapshot taken mid-epoch is consistent to within the events in flight.
 
 Stages and what is measured (all in the training process):
 
-- fetch (samples fetched on the event loop): each sample's latency, and the samples in
-  flight over time against ``io_concurrency``;
+- fetch (samples fetched on the event loop): each sample's latency; the mean in flight is
+  their total over the elapsed time (Little's law), against ``io_concurrency``;
 - engine (batches in the workers, the executor or the loader's transform thread): each
-  batch's round trip, and the batches in it over time against its window;
+  batch's round trip, and so the mean batches in it, against its window;
 - waiting: batches done and not yet taken by the consumer (reorder buffer and device stage);
 - device: each batch's pin, copy and ``device_transform``;
 - consumer: the time it waited inside ``next()`` (stall) and spent between batches (its own
@@ -26,13 +26,14 @@ from array import array
 from asyncloader.sources import _retry
 
 RESERVOIR = 2048  # durations kept per stage for the percentiles: the most recent ones
+SAMPLE_EVERY = 4  # of which every 4th is kept
 
 now = time.perf_counter
 
 
 class Level:
-    """A count over time (samples in flight, batches waiting): its value, its high-water mark
-    and its time-weighted mean since ``start``."""
+    """A count over time (batches waiting): its value, its high-water mark and its
+    time-weighted mean since ``start``."""
 
     __slots__ = ("_area", "_since", "_start", "level", "peak")
 
@@ -54,31 +55,33 @@ class Level:
 
 
 class Durations:
-    """All durations' count and total, and the last :data:`RESERVOIR` for percentiles."""
+    """All durations' count and total, and every :data:`SAMPLE_EVERY`-th of the recent ones
+    (the last :data:`RESERVOIR` so kept) for percentiles. Adding one is a few operations:
+    it runs once per sample fetched."""
 
     __slots__ = ("_ring", "count", "total")
 
     def __init__(self) -> None:
-        self._ring = array("d")
+        self._ring = array("d", bytes(8 * RESERVOIR))
         self.count, self.total = 0, 0.0
 
     def add(self, seconds: float) -> None:
-        if len(self._ring) < RESERVOIR:
-            self._ring.append(seconds)
-        else:
-            self._ring[self.count % RESERVOIR] = seconds
-        self.count += 1
         self.total += seconds
+        i = self.count
+        self.count = i + 1
+        if not i % SAMPLE_EVERY:
+            self._ring[(i // SAMPLE_EVERY) % RESERVOIR] = seconds
 
     def mean(self) -> float | None:
         return self.total / self.count if self.count else None
 
     def quantile(self, q: float) -> float | None:
-        """The ``q`` quantile (nearest rank) of the recent durations, or None without any."""
-        if not self._ring:
+        """The ``q`` quantile (nearest rank) of the kept durations, or None without any."""
+        kept = min(RESERVOIR, -(-self.count // SAMPLE_EVERY))
+        if not kept:
             return None
-        ordered = sorted(self._ring)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        ordered = sorted(self._ring[:kept])
+        return ordered[min(kept - 1, int(q * kept))]
 
 
 class EpochMeter:
@@ -94,8 +97,7 @@ class EpochMeter:
         self.started = start
         self.ended: float | None = None
         self.fetch_limit, self.engine_limit = fetch_limit, engine_limit
-        self.fetch, self.fetching = Durations(), Level(start)
-        self.engine, self.in_engine = Durations(), Level(start)
+        self.fetch, self.engine = Durations(), Durations()
         self.waiting = Level(start)
         self.device = Durations()
         self.backpressure = 0.0

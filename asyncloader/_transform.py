@@ -113,9 +113,7 @@ class Transformer:
             return run_batch(inline, seq, indices, samples, None)
         async with self._room:
             meter = self._meter
-            if meter is not None:
-                began = now()
-                meter.in_engine.add(1, began)
+            began = now() if meter is not None else 0.0
             try:  # submit() itself raises once the pool is broken
                 future = self.engine.submit(seq, indices, samples, self._seeds)
                 return self.received(await asyncio.wrap_future(future))
@@ -123,9 +121,7 @@ class Transformer:
                 raise await self.crashed(exc) from exc
             finally:
                 if meter is not None:
-                    ended = now()
-                    meter.in_engine.add(-1, ended)
-                    meter.engine.add(ended - began)
+                    meter.engine.add(now() - began)
 
     @staticmethod
     def received(result: Any) -> Any:
