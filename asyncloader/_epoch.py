@@ -36,6 +36,7 @@ from typing import Any, cast
 
 import torch
 
+from asyncloader._autotune import FetchTuner
 from asyncloader._batches import Batch, Made, map_batches, stream_batches
 from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
@@ -61,14 +62,27 @@ from asyncloader.sources import SourceKind
 class Window:
     """Admission of batches into the epoch, on the loop's thread only.
 
-    ``permits.value + ahead == size`` at every await point; ``max_ahead <= size``.
+    ``permits.value + ahead == size + debt`` at every await point. :meth:`resize` moves
+    ``size``; a smaller size is reached as batches leave (``debt`` of them are not given
+    back), so ``ahead`` never exceeds the largest size the window ever had.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._permits = asyncio.Semaphore(size)
+        self._debt = 0
         self.ahead = 0
         self.max_ahead = 0
+
+    def resize(self, size: int) -> None:
+        grow, self.size = size - self.size, size
+        if grow < 0:
+            self._debt -= grow
+            return
+        paid = min(grow, self._debt)
+        self._debt -= paid
+        for _ in range(grow - paid):
+            self._permits.release()
 
     async def admit(self) -> None:
         await self._permits.acquire()
@@ -77,7 +91,10 @@ class Window:
 
     def release(self) -> None:
         self.ahead -= 1
-        self._permits.release()
+        if self._debt:
+            self._debt -= 1
+        else:
+            self._permits.release()
 
 
 def _shut_down_with(stack: contextlib.AsyncExitStack, threads: ThreadPoolExecutor) -> None:
@@ -100,6 +117,7 @@ class Epoch:
         lease: The worker pool of this epoch, when ``num_workers > 0``.
         skip_log: The loader's ``skip_log``, where the ledger of an ``on_error="skip"`` epoch
             keeps the last few skips.
+        tuner: ``io_concurrency="auto"``: the loader's fetch tuner, kept across its epochs.
     """
 
     def __init__(
@@ -108,6 +126,7 @@ class Epoch:
         start: EpochStart,
         lease: WorkerLease | None,
         skip_log: deque[tuple[Any, str]] | None = None,
+        tuner: FetchTuner | None = None,
     ) -> None:
         self._options = options
         # on_error="skip": the consumer's iterator settles each Trimmed batch here.
@@ -118,7 +137,12 @@ class Epoch:
         self.start_info = start
         self.progress = Progress(start.resume, start.source_state)
         self._lease = lease
-        self._window = Window(options.window)
+        self._tuner = tuner if self._open_fetch_needed() else None
+        if self._tuner is not None:
+            self._tuner.restart(now())
+        self._window = Window(
+            options.window if self._tuner is None else options.window_for(self._tuner.limit)
+        )
         self._buffer = ReorderBuffer(options.in_order, start.resume.start, start.resume.skip)
         # With a device stage the consumer reads the device thread's output, in order.
         self._out = ReorderBuffer(in_order=False) if options.device_stage else self._buffer
@@ -199,6 +223,10 @@ class Epoch:
         fetching = self._fetcher.max_fetching if self._fetcher else 0
         at, elapsed = meter.ended or now(), meter.elapsed()
         fetched = meter.fetch.count > 0
+        fetching_mean, engine_mean = meter.in_flight(at)
+        # Little's law over a window counts fetches begun before it in full: never above peaks
+        fetching_mean = min(fetching_mean, fetching)
+        engine_mean = min(engine_mean, options.engine_window)
         ms = lambda seconds: None if seconds is None else seconds * 1e3  # noqa: E731
         consumer, received = meter.stall + meter.busy, self.progress.batches
         device = meter.device.count > 0
@@ -215,10 +243,11 @@ class Epoch:
             first_batch=meter.first_batch,
             fetch_p50_ms=ms(meter.fetch.quantile(0.5)),
             fetch_p99_ms=ms(meter.fetch.quantile(0.99)),
-            fetch_in_flight=meter.fetch.total / elapsed if fetched and elapsed > 0 else None,
+            fetch_in_flight=fetching_mean if fetched else None,
             engine_ms=ms(meter.engine.mean()),
-            engine_in_flight=meter.engine.total / elapsed if elapsed > 0 else 0.0,
+            engine_in_flight=engine_mean,
             engine_window=options.engine_window,
+            fetch_limit=self._fetcher.limit if self._fetcher else options.fetch_concurrency,
             waiting=meter.waiting.mean(at),
             max_waiting=meter.waiting.peak,
             device_ms=ms(meter.device.mean()) if device else None,
@@ -267,7 +296,13 @@ class Epoch:
             if get is not None:
                 skip = self.skips is not None
                 self._fetcher = Fetcher(
-                    get, options.fetch_concurrency, tg.create_task, skip, self.meter
+                    get,
+                    options.fetch_concurrency,
+                    tg.create_task,
+                    skip,
+                    self.meter,
+                    self._tuner,
+                    lambda limit: self._window.resize(options.window_for(limit)),
                 )
             if device is not None:
                 tg.create_task(self._device_pump(device), name="device")
@@ -298,6 +333,11 @@ class Epoch:
     def _seeds(self) -> Seeds:
         """How this epoch's batches seed the global RNGs (see :mod:`asyncloader._seeding`)."""
         return Seeds.of(self.start_info.seed, self._options.seed_per_sample)
+
+    def _open_fetch_needed(self) -> bool:
+        """Samples are fetched on this loop (see :meth:`_open_fetch`)."""
+        options = self._options
+        return not options.workers_fetch and options.kind in (SourceKind.ASYNC_MAP, SourceKind.MAP)
 
     def _open_fetch(
         self, stack: contextlib.AsyncExitStack

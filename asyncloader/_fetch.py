@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from asyncloader._autotune import FetchTuner
 from asyncloader._failure import Failure
 from asyncloader._meter import EpochMeter, now
 from asyncloader._skip import Skip, Trimmed
@@ -75,6 +76,8 @@ class Fetcher:
         skip: ``on_error="skip"``: a sample that raises is left out of its batch instead of
             failing it (:meth:`fetch` then returns a :class:`Trimmed`).
         meter: Told each sample's latency and the samples in flight.
+        tuner: ``io_concurrency="auto"``: moves the limit (from ``tuner.limit``, at most
+            ``io_concurrency``) as samples complete; ``on_limit(new)`` is told each move.
     """
 
     def __init__(
@@ -84,11 +87,14 @@ class Fetcher:
         spawn: Spawn,
         skip: bool = False,
         meter: EpochMeter | None = None,
+        tuner: FetchTuner | None = None,
+        on_limit: Callable[[int], None] | None = None,
     ) -> None:
         self._get = get
         self._meter = meter
+        self._tuner, self._on_limit = tuner, on_limit
         self._skip = skip
-        self._limit = io_concurrency
+        self._limit = io_concurrency if tuner is None else tuner.limit
         self._spawn = spawn
         self._queue: deque[_Batch] = deque()  # batches with positions not yet taken
         self._parked: list[asyncio.Future[None]] = []
@@ -153,6 +159,8 @@ class Fetcher:
                     self._parked.append(parked)
                     await parked
                     continue
+                if self._runners > self._limit:  # the tuner lowered the limit
+                    return
                 batch = queue[0]
                 done = batch.done
                 if done.done():  # failed or cancelled: skip the rest of it
@@ -185,6 +193,8 @@ class Fetcher:
                     self.fetching -= 1
                     if meter is not None:
                         meter.fetch.add(now() - began)
+                if self._tuner is not None:
+                    self._retune(bool(queue), sample)
                 if not done.done():
                     batch.samples[pos] = sample
                     batch.left -= 1  # inline: this runs once per sample
@@ -192,6 +202,22 @@ class Fetcher:
                         batch.complete()
         finally:
             self._runners -= 1
+
+    @property
+    def limit(self) -> int:
+        """Samples at most being fetched at once now."""
+        return self._limit
+
+    def _retune(self, queued: bool, sample: Any) -> None:
+        assert self._tuner is not None
+        new = self._tuner.completed(queued, now(), sample)
+        if new is None:
+            return
+        grew, self._limit = new > self._limit, new
+        if self._on_limit is not None:
+            self._on_limit(new)
+        if grew:  # start runners for the samples waiting for one
+            self._serve(sum(b.size - b.next for b in self._queue))
 
     def _fail(self, batch: _Batch, exc: BaseException, pos: int) -> None:
         if batch.done.done():

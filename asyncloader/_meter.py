@@ -105,6 +105,9 @@ class EpochMeter:
         self.stall = 0.0
         self.busy = 0.0
         self._handed = start
+        #: At the first batch: (time, fetch total, engine total). Mean occupancies count from
+        #: there, so start-up (workers spawning, connections opening) does not dilute them.
+        self.steady: tuple[float, float, float] | None = None
         self.samples = 0
         self._retries_before = _retry.RETRIES[0]
 
@@ -113,6 +116,15 @@ class EpochMeter:
         """Retries of this process's sources since the epoch began (any epoch running then
         counts too)."""
         return _retry.RETRIES[0] - self._retries_before
+
+    def in_flight(self, at: float) -> tuple[float, float]:
+        """Mean samples being fetched and batches in the engine since the first batch
+        (Little's law: their total time over the time passed), or since the start before it."""
+        t0, fetch0, engine0 = self.steady or (self.started, 0.0, 0.0)
+        span = at - t0
+        if span <= 0:
+            return 0.0, 0.0
+        return (self.fetch.total - fetch0) / span, (self.engine.total - engine0) / span
 
     def elapsed(self) -> float:
         return (self.ended or now()) - self.started
@@ -123,6 +135,7 @@ class EpochMeter:
         got = now()
         if self.first_batch is None:
             self.first_batch = got - self.started
+            self.steady = (got, self.fetch.total, self.engine.total)
         else:
             self.stall += got - started
             self.busy += started - self._handed

@@ -25,6 +25,8 @@ from torch.utils.data import (
 )
 
 from asyncloader import _validate as check
+from asyncloader._autotune import CAP as AUTO_CAP
+from asyncloader._autotune import DEFAULT_BUDGET
 from asyncloader._rank_sampler import TAILS, RankSampler
 from asyncloader.sources import SourceKind, source_kind
 from asyncloader.sources._shardplan import resolve_ranks
@@ -55,7 +57,7 @@ class Options:
     #: Where the workers run when not in this machine's processes (``RayEngine``): its
     #: ``num_workers`` become the loader's, and they fetch (``fetch_in_workers``).
     engine: Any = None
-    io_concurrency: int = 64
+    io_concurrency: int | str = 64  # an int once built ("auto": the cap, with auto_io)
     fetch_in_workers: bool = False
     fetch_threads: int = 1
     prefetch: int = 2
@@ -78,12 +80,16 @@ class Options:
     rank: int | None = None
     world_size: int | None = None
     distributed_tail: str = "pad"
+    #: Bytes the samples in flight may hold under io_concurrency="auto" (None: the default).
+    memory_budget: int | None = None
     #: The class the user instantiated (``AsyncLoader``, or their subclass), named in messages
     #: worded as DataLoader words them.
     loader_name: str = "AsyncLoader"
     #: Derived: the kind of source, and the function that turns samples into a batch.
     kind: SourceKind = field(init=False)
     collate: Callable[[Any], Any] = field(init=False)
+    #: io_concurrency="auto": the fetch limit moves (asyncloader._autotune), up to io_concurrency.
+    auto_io: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         kind = source_kind(self.dataset)
@@ -91,7 +97,13 @@ class Options:
             check.check_engine(self.engine, self.num_workers, self.executor)
             _set(self, num_workers=self.engine.num_workers, fetch_in_workers=True)
         check.check_num_workers(self.num_workers)
+        if self.io_concurrency == "auto":
+            _set(self, io_concurrency=AUTO_CAP, auto_io=True)
         check.check_int("io_concurrency", self.io_concurrency, 1)
+        if self.memory_budget is not None:
+            check.check_int("memory_budget", self.memory_budget, 1)
+        elif self.auto_io:
+            _set(self, memory_budget=DEFAULT_BUDGET)
         check.check_int("fetch_threads", self.fetch_threads, 1)
         check.check_int("prefetch", self.prefetch, 1)
         check.check_instance("pin_memory_device", self.pin_memory_device, str, "a str")
@@ -210,6 +222,10 @@ class Options:
     def fetch_window(self) -> int:
         """Batches at most being fetched (on the loop, or in the workers with
         ``fetch_in_workers``): enough to keep io_concurrency busy."""
+        return self.fetch_window_for(self.fetch_concurrency)
+
+    def fetch_window_for(self, fetching: int) -> int:
+        """The fetch window that keeps ``fetching`` samples busy."""
         if self.worker_streams or (self.workers_fetch and not self.fetch_in_workers):
             return 0
         if not self.kind.is_map:
@@ -217,7 +233,7 @@ class Options:
         per_batch = self.batch_size or 1
         if self.batch_sampler is not None and self.batch_size is None:
             per_batch = getattr(self.batch_sampler, "batch_size", None) or 1
-        return math.ceil(self.fetch_concurrency / per_batch)
+        return math.ceil(fetching / per_batch)
 
     @property
     def engine_window(self) -> int:
@@ -243,6 +259,11 @@ class Options:
     def window(self) -> int:
         """Batches at most taken from the sampler and not yet handed to the consumer."""
         return self.transform_window + self.fetch_window + self.device_depth
+
+    def window_for(self, fetching: int) -> int:
+        """The window while the loop's fetch limit is ``fetching`` (``io_concurrency="auto"``
+        moves it); never above :attr:`window`."""
+        return self.transform_window + self.fetch_window_for(fetching) + self.device_depth
 
 
 def _set(options: Options, **values: Any) -> None:

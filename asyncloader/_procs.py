@@ -50,7 +50,10 @@ def _shut_down_live() -> None:
 
 def worker_config(options: Options, share: int) -> WorkerConfig:
     """The worker configuration of a loader whose workers each fetch ``share`` samples at
-    once."""
+    once (at most, under ``io_concurrency="auto"``, with their share of the budget)."""
+    budget = None
+    if options.auto_io and options.memory_budget is not None:
+        budget = max(1, options.memory_budget * share // max(1, options.io_concurrency))
     return WorkerConfig(
         kind=options.kind,
         io_limit=share,
@@ -58,6 +61,7 @@ def worker_config(options: Options, share: int) -> WorkerConfig:
         batch_size=options.batch_size,
         drop_last=options.drop_last,
         loader_name=options.loader_name,
+        io_budget=budget,
     )
 
 

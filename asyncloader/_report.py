@@ -105,7 +105,7 @@ def render(stats: LoaderStats, diagnosis: Diagnosis, epoch: int) -> str:
     if stats.fetch_in_flight is not None:
         lines.append(
             f"  fetch     p50 {_ms(stats.fetch_p50_ms)}, p99 {_ms(stats.fetch_p99_ms)}; "
-            f"{stats.fetch_in_flight:.1f} of {stats.io_concurrency} in flight on average "
+            f"{stats.fetch_in_flight:.1f} of {stats.fetch_limit} in flight on average "
             f"(peak {stats.max_fetching})"
         )
     if stats.engine_ms is not None:

@@ -19,7 +19,8 @@ class LoaderStats:
     Attributes:
         window: Bound on batches taken from the sampler and not yet handed to the consumer.
         max_ahead: High-water mark of those batches; never exceeds ``window``.
-        io_concurrency: Bound on samples being fetched at once on the event loop.
+        io_concurrency: Bound on samples being fetched at once on the event loop (with
+            ``io_concurrency="auto"``, the highest the limit may go).
         max_fetching: High-water mark of those samples; never exceeds ``io_concurrency``.
         batches: Batches handed to the consumer (with ``on_error="skip"``, a batch whose
             samples were all skipped counts, though it is not yielded).
@@ -30,7 +31,9 @@ class LoaderStats:
         first_batch: Seconds from the epoch's start to its first batch.
         fetch_p50_ms, fetch_p99_ms: Latency of one sample's fetch on the loop (the last
             2048 samples).
-        fetch_in_flight: Mean samples being fetched at once (against ``io_concurrency``).
+        fetch_in_flight: Mean samples being fetched at once (against ``fetch_limit``).
+        fetch_limit: The loop's fetch limit now: ``io_concurrency``, or where
+            ``io_concurrency="auto"`` has moved it.
         engine_ms: Mean round trip of a batch through the engine (workers, executor or the
             transform thread): transform and collate, and with ``fetch_in_workers`` the fetch.
         engine_in_flight: Mean batches in the engine, against ``engine_window``.
@@ -60,6 +63,7 @@ class LoaderStats:
     fetch_p50_ms: float | None = None
     fetch_p99_ms: float | None = None
     fetch_in_flight: float | None = None
+    fetch_limit: int = 0
     engine_ms: float | None = None
     engine_in_flight: float = 0.0
     engine_window: int = 0

@@ -20,10 +20,12 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from asyncloader._autotune import FetchTuner
 from asyncloader._batches import sync_stream, take_async, take_sync
 from asyncloader._failure import Failure
 from asyncloader._fetch import Fetcher, fetch_then_run
@@ -57,11 +59,12 @@ class WorkerConfig:
     """What every worker of a loader needs besides its plan (from the loader's options)."""
 
     kind: SourceKind
-    io_limit: int  # samples this worker fetches at once
+    io_limit: int  # samples this worker fetches at once (at most, with io_budget)
     fetch_threads: int
     batch_size: int | None
     drop_last: bool
     loader_name: str
+    io_budget: int | None = None  # io_concurrency="auto": this worker's memory_budget share
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,8 +134,13 @@ class WorkerCore:
             get = self._get_in_thread
         # Without a fetcher a sync __getitem__ runs on the compute thread, one batch at a time
         # (DataLoader's way, and the batch's seeding covers it).
+        tuner = None
+        if config.io_budget is not None:  # the tuner lives as long as the worker: across epochs
+            tuner = FetchTuner(max(1, config.io_limit), config.io_budget, time.perf_counter())
         self._fetcher = (
-            Fetcher(get, max(1, config.io_limit), self.spawn, plan.skip) if get else None
+            Fetcher(get, max(1, config.io_limit), self.spawn, plan.skip, tuner=tuner)
+            if get
+            else None
         )
         self._run_plan = dataclasses.replace(plan, dataset=None) if get else plan
         self._streams: dict[int, _Stream] = {}  # the newest epoch's iteration only

@@ -15,7 +15,9 @@ import torch
 from torch.utils.data import Dataset
 
 from asyncloader._async import AsyncIterator
+from asyncloader._autotune import FetchTuner
 from asyncloader._epoch import Epoch
+from asyncloader._meter import now
 from asyncloader._options import Options
 from asyncloader._report import Diagnosis, diagnose, render
 from asyncloader._skip import SKIP_LOG_LENGTH
@@ -112,7 +114,13 @@ class AsyncLoader(Generic[T_co]):
             actors on the connected cluster. Its ``num_workers`` is the loader's; the workers
             fetch as with ``fetch_in_workers``. Exclusive with ``executor``.
         io_concurrency: Samples at most being fetched at once: on the event loop, or in
-            total across the workers with ``fetch_in_workers``.
+            total across the workers with ``fetch_in_workers``. ``"auto"``: the limit starts
+            at 64 and doubles while doubling raises the samples/s of a fetch that is at its
+            limit, up to 4096 and to ``memory_budget`` (it steps back when a doubling does
+            not pay, and probes again a second later, so it follows a change in latency);
+            the window of batches follows it (see :mod:`asyncloader._autotune`).
+        memory_budget: With ``io_concurrency="auto"``: bytes the samples in flight may hold
+            (default 1 GiB), the sample size measured from the first samples fetched.
         fetch_in_workers: Fetch in the workers too (needs ``num_workers > 0``): each worker
             runs its own event loop (uvloop when installed), fetches the samples of the
             batches it is given (an ``async def __getitem__`` and the library's sources with a
@@ -211,7 +219,7 @@ class AsyncLoader(Generic[T_co]):
         transform: Callable[[Any], Any] | None = None,
         executor: Executor | None = None,
         engine: Any = None,
-        io_concurrency: int = 64,
+        io_concurrency: int | str = 64,
         fetch_in_workers: bool = False,
         fetch_threads: int = 1,
         prefetch: int | None = None,
@@ -226,6 +234,7 @@ class AsyncLoader(Generic[T_co]):
         rank: int | None = None,
         world_size: int | None = None,
         distributed_tail: str = "pad",
+        memory_budget: int | None = None,
     ) -> None:
         prefetch, mp_context = dataloader_spellings(
             num_workers, prefetch, prefetch_factor, mp_context, multiprocessing_context
@@ -244,7 +253,8 @@ class AsyncLoader(Generic[T_co]):
             persistent_workers=persistent_workers, mp_context=mp_context, generator=generator,
             seed_per_sample=seed_per_sample, on_error=on_error, max_skipped=max_skipped,
             distributed=distributed, rank=rank, world_size=world_size,
-            distributed_tail=distributed_tail, loader_name=type(self).__name__,
+            distributed_tail=distributed_tail, memory_budget=memory_budget,
+            loader_name=type(self).__name__,
         )  # fmt: skip
         warn_many_workers(type(self).__name__, num_workers)
         tell_rank(self._options)
@@ -255,6 +265,10 @@ class AsyncLoader(Generic[T_co]):
         self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self._last: Epoch | None = None
         self._previous: LoaderStats | None = None
+        options = self._options
+        self._tuner = None  # io_concurrency="auto" on this process's loop: kept across epochs
+        if options.auto_io and options.memory_budget is not None:
+            self._tuner = FetchTuner(options.fetch_concurrency, options.memory_budget, now())
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
         # Between epochs the dataset's own state is saved: a map-style one's, or an iterable's
@@ -353,7 +367,7 @@ class AsyncLoader(Generic[T_co]):
         lease = self._workers.lease(start.seed)
         if self._last is not None:
             self._previous = self._last.stats
-        self._last = Epoch(self._options, start, lease, self._skip_log)
+        self._last = Epoch(self._options, start, lease, self._skip_log, self._tuner)
         self._epochs.add(self._last)
         return self._last
 

@@ -1,0 +1,125 @@
+"""io_concurrency="auto": the fetch limit climbs while growing pays, steps back when it does
+not, follows a change in latency, respects the memory budget; the window follows it."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from asyncloader import AsyncLoader
+from asyncloader._autotune import CAP, HOLD_S, START, FetchTuner
+from asyncloader._epoch import Window
+from tests.helpers.contracts import check_bounded_window, check_exactly_once
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def drive(tuner, seconds, rate_of, clock=0.0, sample=b"x" * 100):
+    """Feeds ``tuner`` saturated completions for ``seconds`` of a simulated clock, at the
+    samples/s ``rate_of(limit)`` gives; returns the clock and the limits it went through."""
+    limits = [tuner.limit]
+    end = clock + seconds
+    while clock < end:
+        clock += 1 / rate_of(tuner.limit)
+        new = tuner.completed(True, clock, sample)
+        if new is not None:
+            limits.append(new)
+    return clock, limits
+
+
+def latency_bound(latency, ceiling=30000.0):
+    """Samples/s of a fetch at ``limit`` in flight: Little's law, up to the loop's ceiling."""
+    return lambda limit: min(limit / latency, ceiling)
+
+
+def test_it_climbs_while_growing_pays_and_steps_back_when_it_stops():
+    tuner = FetchTuner(CAP, 1 << 30, 0.0)
+    assert tuner.limit == START
+    _, limits = drive(tuner, 2.0, latency_bound(0.05, ceiling=12000))
+    # 64 -> 256 -> 1024 pays (1,280/s -> 5,120/s -> 12,000/s); 4096 does not: back to 1024
+    assert limits[:4] == [64, 256, 1024, 4096] and limits[4] == 1024
+
+
+def test_it_follows_a_rise_in_latency():
+    tuner = FetchTuner(CAP, 1 << 30, 0.0)
+    clock, _ = drive(tuner, 3.0, latency_bound(0.005, ceiling=20000))
+    settled = tuner.limit
+    assert settled <= 256  # 5 ms: ~100 in flight reach the ceiling
+    _, limits = drive(tuner, HOLD_S + 2.0, latency_bound(0.05, ceiling=20000), clock)
+    assert max(limits) >= 4 * settled  # 50 ms: ten times as many are needed
+
+
+def test_an_unsaturated_fetch_keeps_its_limit():
+    tuner = FetchTuner(CAP, 1 << 30, 0.0)
+    for i in range(1, 2000):
+        assert tuner.completed(False, i * 0.001, b"x") is None
+    assert tuner.limit == START
+
+
+def test_the_memory_budget_caps_the_limit():
+    tuner = FetchTuner(CAP, 64 << 20, 0.0)  # 64 MiB for samples of 1 MiB: at most 64
+    sample = np.zeros(1 << 20, np.uint8)
+    _, limits = drive(tuner, 2.0, latency_bound(0.01), sample=sample)
+    assert max(limits) <= 64
+
+
+def test_a_shrunk_window_gives_back_slots_only_past_its_debt():
+    async def run():
+        window = Window(4)
+        for _ in range(4):
+            await window.admit()
+        window.resize(2)
+        window.release()
+        window.release()  # two batches left: the debt is paid, no slot given back
+        assert window._permits._value == 0 and window.ahead == 2
+        window.release()
+        assert window._permits._value == 1
+        window.resize(5)
+        assert window._permits._value + window.ahead == 5
+
+    asyncio.run(run())
+
+
+class Waiting:
+    def __init__(self, n, latency):
+        self.n, self.latency = n, latency
+
+    def __len__(self):
+        return self.n
+
+    async def __getitem__(self, i):
+        await asyncio.sleep(self.latency)
+        return i
+
+
+@pytest.mark.parametrize("placement", ["loop", "workers"])
+def test_auto_raises_the_limit_and_keeps_every_contract(placement):
+    options = {"num_workers": 2, "fetch_in_workers": True} if placement == "workers" else {}
+    loader = AsyncLoader(Waiting(6000, 0.02), batch_size=16, io_concurrency="auto", **options)
+    for _ in range(2):
+        batches = [b.tolist() for b in loader]
+        assert [x for b in batches for x in b] == list(range(6000))  # in order, each once
+    stats = loader.stats
+    assert stats.io_concurrency == CAP and stats.max_ahead <= stats.window
+    if placement == "loop":
+        assert stats.fetch_limit > START  # it climbed, and the second epoch kept it
+        assert loader.previous_stats.max_fetching > START
+
+
+def test_auto_out_of_order_delivers_each_sample_once():
+    loader = AsyncLoader(Waiting(500, 0.001), batch_size=8, io_concurrency="auto", in_order=False)
+    check_exactly_once([b.tolist() for b in loader], range(500))
+    check_bounded_window(loader.stats)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"io_concurrency": "fast"}, TypeError, "io_concurrency"),
+        ({"io_concurrency": "auto", "memory_budget": 0}, ValueError, "memory_budget"),
+        ({"memory_budget": 1.5}, TypeError, "memory_budget"),
+    ],
+)
+def test_bad_options_name_themselves(options, error, match):
+    with pytest.raises(error, match=match):
+        AsyncLoader(Waiting(4, 0), **options)
