@@ -1,0 +1,137 @@
+"""``io_concurrency="auto"`` against a sweep of fixed settings, and against a change of latency.
+
+Sweep: the io workload's samples (1024 bytes, batch 32, ``async def __getitem__``) at 2, 20
+and 100 ms per sample, each setting (``io_concurrency`` 16, 64, 256, 1024, 4096, ``"auto"``)
+in a fresh process, the settings alternating, ``--reps`` times. A run takes samples for
+``--seconds`` (one epoch far longer than that) and reports samples/s over the whole run (the
+climb included: a first epoch) and over its last half (where a tuned loader has settled).
+
+Shift: one "auto" run whose latency goes from 5 ms to 50 ms after ``--seconds`` seconds;
+prints samples/s per 0.5 s bin and how long after the shift it reached 0.9x the best fixed
+setting's steady rate at 50 ms (measured in the same invocation).
+
+``python -m benchmarks.probes.autotune [--reps 3] [--seconds 6] [--json PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+
+import numpy as np
+
+from benchmarks.side_by_side import in_fresh_process
+
+SETTINGS = ["16", "64", "256", "1024", "4096", "auto"]
+LATENCIES_MS = [2, 20, 100]
+BATCH, ITEMS = 32, 10_000_000
+
+
+class Latency:
+    """Sample ``i`` (1024 bytes) after ``latency_s``, or after ``then_s`` once ``switch_at``
+    (a ``perf_counter`` time) has passed."""
+
+    def __init__(self, latency_s: float, then_s: float | None = None, switch_at: float = 0.0):
+        self.latency_s, self.then_s, self.switch_at = latency_s, then_s, switch_at
+
+    def __len__(self) -> int:
+        return ITEMS
+
+    async def __getitem__(self, i: int) -> np.ndarray:
+        late = self.then_s is not None and time.perf_counter() >= self.switch_at
+        await asyncio.sleep(self.then_s if late else self.latency_s)
+        return np.full(1024, i % 251, np.uint8)
+
+
+def timed_run(source: Latency, setting: str, seconds: float) -> list[tuple[float, int]]:
+    """``(seconds since start, samples so far)`` after each batch, for ``seconds``."""
+    from asyncloader import AsyncLoader
+
+    io = setting if setting == "auto" else int(setting)
+    loader = AsyncLoader(source, batch_size=BATCH, io_concurrency=io)
+    start, got, marks = time.perf_counter(), 0, []
+    with loader:
+        for batch in loader:
+            got += len(batch)
+            at = time.perf_counter() - start
+            marks.append((at, got))
+            if at >= seconds:
+                break
+    return marks
+
+
+def rates(marks: list[tuple[float, int]]) -> tuple[float, float]:
+    """Samples/s over the whole run and over its last half."""
+    end, total = marks[-1]
+    half = next((m for m in marks if m[0] >= end / 2), marks[0])
+    return total / end, (total - half[1]) / max(end - half[0], 1e-9)
+
+
+def child(args: argparse.Namespace) -> None:
+    if args.shift:
+        source = Latency(0.005, 0.050, time.perf_counter() + args.seconds)
+        marks = timed_run(source, "auto", args.seconds * 2)
+        print(json.dumps(marks))
+        return
+    whole, steady = rates(timed_run(Latency(args.latency_ms / 1000), args.setting, args.seconds))
+    print(json.dumps({"whole": whole, "steady": steady}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--json", default=None, help="write the summary here")
+    parser.add_argument("--setting", help=argparse.SUPPRESS)
+    parser.add_argument("--latency-ms", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--shift", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    module, summary = "benchmarks.probes.autotune", {"sweep": {}, "shift": {}}
+    for ms in [*LATENCIES_MS, 50]:
+        runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
+        common = ["--child", "--latency-ms", ms, "--seconds", args.seconds]
+        for _ in range(args.reps):
+            for setting in SETTINGS:
+                runs[setting].append(in_fresh_process(module, *common, "--setting", setting))
+        table = {
+            s: {k: statistics.median(r[k] for r in runs[s]) for k in ("whole", "steady")}
+            for s in SETTINGS
+        }
+        best = max((s for s in SETTINGS if s != "auto"), key=lambda s: table[s]["steady"])
+        summary["sweep"][ms] = {"table": table, "best_fixed": best}
+        print(f"\n{ms} ms per sample: samples/s, medians of {args.reps} (whole run / last half)")
+        for s in SETTINGS:
+            row = table[s]
+            print(f"  {s:>5}  {row['whole']:9,.0f}  {row['steady']:9,.0f}")
+        auto, top = table["auto"], table[best]
+        print(
+            f"  auto / best fixed ({best}): {auto['whole'] / top['whole']:.2f} whole, "
+            f"{auto['steady'] / top['steady']:.2f} steady"
+        )
+    target = 0.9 * summary["sweep"][50]["table"][summary["sweep"][50]["best_fixed"]]["steady"]
+    marks = in_fresh_process(module, "--child", "--shift", "--seconds", args.seconds)
+    bins, recovered, last = [], None, (0.0, 0)
+    for at, got in marks:
+        if at - last[0] >= 0.5:
+            rate = (got - last[1]) / (at - last[0])
+            bins.append((round(at, 2), round(rate)))
+            if recovered is None and at > args.seconds + 0.5 and rate >= target:
+                recovered = at - args.seconds
+            last = (at, got)
+    summary["shift"] = {"bins": bins, "target": target, "recovered_after_s": recovered}
+    print(f"\nshift 5 -> 50 ms at {args.seconds} s (auto): samples/s per 0.5 s {bins}")
+    print(f"  0.9x best fixed at 50 ms = {target:,.0f}/s reached {recovered} s after the shift")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
