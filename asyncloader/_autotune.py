@@ -5,9 +5,10 @@ when, at most of its completions, samples were queued waiting for a free slot: t
 not the consumer or the window, was holding the fetch back. Rules at the end of a round:
 
 - Not saturated: nothing changes (more in flight would not be used).
-- Saturated, after a doubling: if the round's samples/s rose by less than ``GAIN`` (10%) over
-  the round before the doubling, the doubling did not pay (the event loop's CPU, or the
-  source, is the limit now): back to the previous limit, and no growth for ``HOLD_S``.
+- After a step up: if the round is not saturated, or its samples/s rose by less than
+  ``GAIN`` (10%) over the round before the step, the step did not pay (the event loop's CPU,
+  the source or the consumer is the limit now): back to the previous limit, and no growth
+  for ``HOLD_S``.
 - Saturated otherwise (and not held): grow, up to the cap: by 4x until a step first fails to
   pay (a slow start), by 2x after that.
 
@@ -15,7 +16,8 @@ So a latency-bound source climbs 64, 256, 1024... about one round (one latency's
 samples) per step while that pays, and when the latency later rises, the next probe after a
 hold finds that growing pays again: the limit follows, within a few rounds. The tuner lives
 as long as the loader (in a worker, as the worker): a later epoch starts where the last one
-left the limit. The cap is
+left the limit. The loader's window is sized for twice the limit, so that a fetch held back
+by its limit has samples queued (and looks saturated). The cap is
 ``min(cap, memory_budget // sample bytes)``, the sample's size measured from the first
 samples fetched: samples in flight never hold more than the budget.
 """
@@ -87,12 +89,14 @@ class FetchTuner:
         self._done = self._saturated = 0
         self._round_start = at
         before = self.limit
-        if not saturated or at < self._held_until:
+        if at < self._held_until:
             self._grown_from = None
-        elif self._grown_from is not None and rate < self._grown_from[1] * GAIN:
+        elif self._grown_from is not None and (not saturated or rate < self._grown_from[1] * GAIN):
             self.limit, self._grown_from = self._grown_from[0], None
             self._held_until, self._step = at + HOLD_S, 2
-        elif self.limit < self._cap:
+        elif saturated and self.limit < self._cap:
             self._grown_from = (self.limit, rate)
             self.limit = min(self._cap, self.limit * self._step)
+        else:
+            self._grown_from = None
         return self.limit if self.limit != before else None

@@ -141,7 +141,7 @@ class Epoch:
         if self._tuner is not None:
             self._tuner.restart(now())
         self._window = Window(
-            options.window if self._tuner is None else options.window_for(self._tuner.limit)
+            options.window if self._tuner is None else self._auto_window(self._tuner.limit)
         )
         self._buffer = ReorderBuffer(options.in_order, start.resume.start, start.resume.skip)
         # With a device stage the consumer reads the device thread's output, in order.
@@ -302,7 +302,7 @@ class Epoch:
                     skip,
                     self.meter,
                     self._tuner,
-                    lambda limit: self._window.resize(options.window_for(limit)),
+                    lambda limit: self._window.resize(self._auto_window(limit)),
                 )
             if device is not None:
                 tg.create_task(self._device_pump(device), name="device")
@@ -333,6 +333,12 @@ class Epoch:
     def _seeds(self) -> Seeds:
         """How this epoch's batches seed the global RNGs (see :mod:`asyncloader._seeding`)."""
         return Seeds.of(self.start_info.seed, self._options.seed_per_sample)
+
+    def _auto_window(self, limit: int) -> int:
+        """The window under ``io_concurrency="auto"``: room to queue as many samples as are
+        in flight, so a fetch held back by its limit shows it (see ``_autotune``)."""
+        options = self._options
+        return options.window_for(2 * limit)
 
     def _open_fetch_needed(self) -> bool:
         """Samples are fetched on this loop (see :meth:`_open_fetch`)."""

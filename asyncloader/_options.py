@@ -257,8 +257,10 @@ class Options:
 
     @property
     def window(self) -> int:
-        """Batches at most taken from the sampler and not yet handed to the consumer."""
-        return self.transform_window + self.fetch_window + self.device_depth
+        """Batches at most taken from the sampler and not yet handed to the consumer (under
+        ``io_concurrency="auto"``, room for twice the highest limit: see ``_autotune``)."""
+        fetching = self.fetch_concurrency * (2 if self.auto_io else 1)
+        return self.transform_window + self.fetch_window_for(fetching) + self.device_depth
 
     def window_for(self, fetching: int) -> int:
         """The window while the loop's fetch limit is ``fetching`` (``io_concurrency="auto"``
