@@ -124,8 +124,10 @@ def main() -> None:
             rate = len(losses) * args.batch_size * world / (time.perf_counter() - start)
             print(
                 f"epoch {epoch}: {len(losses)} steps per rank, loss {losses[0]:.3f} -> "
-                f"{losses[-1]:.3f}, {rate:,.0f} samples/s over {world} ranks"
+                f"{losses[-1]:.3f}, {rate:,.0f} samples/s over {world} ranks, rank 0 waited "
+                f"for data {loader.stats.stall_fraction:.0%} of the time"
             )
+            print(loader.report())  # which stage set the pace, and the knob for it
         if step == args.stop_after:
             break
         epoch += 1

@@ -61,17 +61,20 @@ class URLDataset(Dataset):
 
 
 def train(name: str, loader, steps: int) -> float:
-    """Trains a fresh tiny model for ``steps`` batches; returns samples/s (data + training)."""
+    """Trains a fresh tiny model for ``steps`` batches; returns samples/s (data + training).
+    The bar shows samples/s and ``wait``, the share of the time the step waited for data."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Flatten(), nn.Linear(3 * SIDE * SIDE, 64), nn.ReLU(), nn.Linear(64, CLASSES)
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    seen, correct, step = 0, 0, 0
+    seen, correct, step, waited = 0, 0, 0, 0.0
     start = time.perf_counter()
     with tqdm(total=steps, desc=f"{name:<34}", unit="step", leave=True) as bar:
         while step < steps:
+            asked = time.perf_counter()
             for images, labels in loader:
+                waited += time.perf_counter() - asked  # the step waited for data
                 logits = model(images.float() / 255)
                 loss = nn.functional.cross_entropy(logits, labels)
                 opt.zero_grad()
@@ -80,11 +83,16 @@ def train(name: str, loader, steps: int) -> float:
                 seen += len(labels)
                 correct += int((logits.argmax(1) == labels).sum())
                 step += 1
-                rate = seen / (time.perf_counter() - start)
-                bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{rate:,.0f}")
+                elapsed = time.perf_counter() - start
+                bar.set_postfix(
+                    loss=f"{loss.item():.3f}",
+                    samples_s=f"{seen / elapsed:,.0f}",
+                    wait=f"{waited / elapsed:.0%}",
+                )
                 bar.update()
                 if step == steps:
                     break
+                asked = time.perf_counter()
     rate = seen / (time.perf_counter() - start)
     print(f"  {name}: {seen} samples, running training accuracy {correct / seen:.0%}")
     return rate
