@@ -30,7 +30,7 @@ class LoaderStats:
         throughput: ``samples / elapsed``.
         first_batch: Seconds from the epoch's start to its first batch.
         fetch_p50_ms, fetch_p99_ms: Latency of one sample's fetch on the loop (the last
-            2048 samples).
+            8,192 samples fetched, every 4th kept).
         fetch_in_flight: Mean samples being fetched at once (against ``fetch_limit``).
         fetch_limit: The loop's fetch limit now: ``io_concurrency``, or where
             ``io_concurrency="auto"`` has moved it.
