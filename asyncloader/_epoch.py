@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,7 @@ class Window:
     ``permits.value + ahead == size + debt`` at every await point. :meth:`resize` moves
     ``size``; a smaller size is reached as batches leave (``debt`` of them are not given
     back), so ``ahead`` never exceeds the largest size the window ever had.
+    :meth:`reached` lets another thread wait for the high-water mark ``max_ahead``.
     """
 
     def __init__(self, size: int) -> None:
@@ -73,6 +75,8 @@ class Window:
         self._debt = 0
         self.ahead = 0
         self.max_ahead = 0
+        self._marks: list[tuple[int, threading.Event]] = []  # (level, set once reached)
+        self._marks_lock = threading.Lock()
 
     def resize(self, size: int) -> None:
         grow, self.size = size - self.size, size
@@ -87,7 +91,23 @@ class Window:
     async def admit(self) -> None:
         await self._permits.acquire()
         self.ahead += 1
-        self.max_ahead = max(self.max_ahead, self.ahead)
+        if self.ahead > self.max_ahead:  # at most ``size`` times an epoch
+            self.max_ahead = self.ahead
+            if self._marks:
+                with self._marks_lock:
+                    for level, event in self._marks:
+                        if level <= self.max_ahead:
+                            event.set()
+
+    def reached(self, level: int) -> threading.Event:
+        """An event set once ``max_ahead >= level`` (already set if it is), for any thread."""
+        event = threading.Event()
+        with self._marks_lock:
+            # listed before max_ahead is read: admit() raises it, then reads the list
+            self._marks.append((level, event))
+            if self.max_ahead >= level:
+                event.set()
+        return event
 
     def release(self) -> None:
         self.ahead -= 1
@@ -200,6 +220,11 @@ class Epoch:
         self._window.release()
         if self._out is not self._buffer:
             self._device_room.release()
+
+    def ahead_reached(self, batches: int) -> threading.Event:
+        """Set once ``batches`` batches were ahead of the consumer at once (``max_ahead``),
+        from any thread: for observing how far the pipeline runs ahead (tests, diagnostics)."""
+        return self._window.reached(batches)
 
     def timed_out(self) -> LoaderTimeoutError:
         """The error for a consumer that waited ``timeout`` seconds, naming what it waited for

@@ -12,13 +12,14 @@ import torch
 
 from asyncloader import AsyncLoader
 from tests.helpers import AsyncSource, SyncSource, indices_of, loader_threads
-from tests.helpers.contracts import wait_until
+from tests.helpers.waiting import Count
 
 
 class CustomBatch:
     """DataLoader's SimpleCustomBatch shape: a custom type with pin_memory() and to()."""
 
     calls: ClassVar[list] = []
+    moved: ClassVar[Count] = Count()  # to() calls, for a test to wait on
 
     def __init__(self, samples):
         self.ids = torch.tensor([int(s[0]) for s in samples])
@@ -29,6 +30,7 @@ class CustomBatch:
 
     def to(self, device, non_blocking=False):
         CustomBatch.calls.append((int(self.ids[0]), threading.current_thread().name, non_blocking))
+        CustomBatch.moved.add()
         self.ids = self.ids.to(device, non_blocking=non_blocking)
         return self
 
@@ -62,11 +64,12 @@ def test_device_thread_runs_at_most_two_batches_ahead():
     """With a consumer that waits for the device thread to move all it may (consumed + 2
     batches, 20 in all), it has never moved more."""
     CustomBatch.calls.clear()
+    CustomBatch.moved.reset()
     loader = AsyncLoader(SyncSource(80), batch_size=4, collate_fn=CustomBatch, device="cpu")
     excess = []
     for k, _ in enumerate(loader, 1):
         moved = min(k + 2, 20)
-        wait_until(lambda n=moved: len(CustomBatch.calls) >= n, f"{moved} batches moved")
+        CustomBatch.moved.wait_for(moved, f"{moved} batches moved")
         if len(CustomBatch.calls) > k + 2:
             excess.append((k, len(CustomBatch.calls)))
     assert not excess

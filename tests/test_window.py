@@ -6,8 +6,9 @@ import math
 import pytest
 
 from asyncloader import AsyncLoader
+from asyncloader._epoch import Window
 from tests.helpers import AsyncSource, SyncSource
-from tests.helpers.contracts import await_until, wait_until
+from tests.helpers.waiting import wait_event
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -21,17 +22,17 @@ def test_samples_fetched_never_exceed_consumed_plus_window(mode, num_workers):
     excess = []
 
     def full(k):
-        """The pipeline has fetched all it may with k batches consumed."""
-        return lambda: src.calls >= min((k + window) * 4, src.n)
+        """All the pipeline may fetch with k batches consumed."""
+        return min((k + window) * 4, src.n)
 
     def check(k):
-        if src.calls > (k + window) * 4:
-            excess.append((k, src.calls))
+        if src.calls.value > (k + window) * 4:
+            excess.append((k, src.calls.value))
 
     what = "the pipeline to fetch as far ahead as it may"
     if mode == "sync":
         for k, _ in enumerate(loader, 1):
-            wait_until(full(k), what)
+            src.calls.wait_for(full(k), what)
             check(k)
     else:
 
@@ -39,7 +40,7 @@ def test_samples_fetched_never_exceed_consumed_plus_window(mode, num_workers):
             k = 0
             async for _ in loader:
                 k += 1
-                await await_until(full(k), what)
+                await src.calls.await_for(full(k), what)
                 check(k)
 
         asyncio.run(run())
@@ -53,7 +54,7 @@ def test_workers_window_is_prefetch_per_worker():
     loader = AsyncLoader(SyncSource(200), batch_size=2, num_workers=2, prefetch=3)
     for k, _ in enumerate(loader):
         if k == 0:  # held until the window fills (or the wait fails the test)
-            wait_until(lambda: loader.stats.max_ahead == 6, "the window to fill")
+            wait_event(loader._last.ahead_reached(6), "the window to fill")
     assert loader.stats.window == 6
     assert loader.stats.max_ahead == 6
 
@@ -63,3 +64,16 @@ def test_io_concurrency_bounds_samples_in_flight_and_is_reached():
     loader = AsyncLoader(AsyncSource(400), batch_size=4, io_concurrency=16)
     assert sum(1 for _ in loader) == 100
     assert loader.stats.max_fetching == 16
+
+
+def test_an_event_tells_another_thread_when_the_window_reached_a_level():
+    async def run():
+        window = Window(3)
+        two, early = window.reached(2), window.reached(1)
+        await window.admit()
+        assert early.is_set() and not two.is_set()
+        await window.admit()
+        assert two.is_set() and window.reached(2).is_set()  # already there: set at once
+        assert not window.reached(3).is_set()
+
+    asyncio.run(run())

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tests.helpers.sources import epoch_threads, loader_threads, worker_processes
+from tests.helpers.waiting import await_event, wait_event
 
 #: Ways to stop an epoch early: ``break`` out of ``for``, ``close()`` the loader mid-epoch
 #: (its iterator still referenced), ``break`` out of ``async for`` inside ``async with``.
@@ -32,31 +33,9 @@ def flat(batch: Any) -> Any:
     return batch.tolist()
 
 
-POLL_S = 0.001
-WAIT_S = 30.0
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """Blocks until ``predicate()`` holds, else AssertionError naming ``what``. For a
-    condition the code under test has no event for (a loader's high-water marks, a count of
-    calls): it is re-checked every millisecond, and the wait ends the moment it holds."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
-        time.sleep(POLL_S)
-
-
-async def await_until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """:func:`wait_until` for a consumer on an event loop, which keeps running meanwhile."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
-        await asyncio.sleep(POLL_S)
-
-
-def ran_ahead(loader: Any) -> Callable[[], bool]:
-    """Whether ``loader``'s pipeline has had more than one batch ahead of its consumer."""
-    return lambda: loader.stats.max_ahead > 1
+def ran_ahead(loader: Any) -> threading.Event:
+    """Set once ``loader``'s current epoch has had more than one batch ahead of its consumer."""
+    return loader._last.ahead_reached(2)
 
 
 def epoch(
@@ -71,7 +50,7 @@ def epoch(
         for batch in loader:
             out.append(key(batch))
             if slow and len(out) == 1:
-                wait_until(ran_ahead(loader), what)
+                wait_event(ran_ahead(loader), what)
         return out
 
     async def run() -> list:
@@ -79,7 +58,7 @@ def epoch(
         async for batch in loader:
             out.append(key(batch))
             if slow and len(out) == 1:
-                await await_until(ran_ahead(loader), what)
+                await await_event(ran_ahead(loader), what)
         return out
 
     return asyncio.run(run())

@@ -19,6 +19,7 @@ from torch.utils.data._utils import worker as torch_worker
 
 from asyncloader import _worker
 from asyncloader._worker import WorkerInfo, get_worker_info
+from tests.helpers.waiting import Count
 
 MAX_LATENCY_S = 0.004
 
@@ -48,17 +49,18 @@ class SyncSource(torch.utils.data.Dataset):
 
 
 class AsyncSource:
-    """Map-style source with ``async def __getitem__`` and a random per-sample latency."""
+    """Map-style source with ``async def __getitem__`` and a random per-sample latency;
+    ``calls`` counts the fetches begun (in this process), for tests to wait on."""
 
     def __init__(self, n: int = 100) -> None:
         self.n = n
-        self.calls = 0
+        self.calls = Count()
 
     def __len__(self) -> int:
         return self.n
 
     async def __getitem__(self, index: int) -> np.ndarray:
-        self.calls += 1
+        self.calls.add()
         await asyncio.sleep(latency(index))
         return sample(index)
 
