@@ -61,7 +61,7 @@ class FetchTuner:
         self.limit = min(START, cap)
         self._done = self._saturated = 0
         self._round_start = start
-        self._grown_from: tuple[int, float] | None = None  # (limit, samples/s) before doubling
+        self._grown_from: tuple[int, float] | None = None  # (limit, samples/s) before the step
         self._held_until = 0.0
         self._size_known = False
         self._step = 4  # the slow start's; 2 after the first step that did not pay

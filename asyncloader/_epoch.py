@@ -168,7 +168,7 @@ class Epoch:
         self._out = ReorderBuffer(in_order=False) if options.device_stage else self._buffer
         self._device_room = asyncio.Semaphore(options.device_depth or 1)
         self._inflight: dict[int, Sequence[Any]] = {}  # seq -> indices, until handed over
-        self.meter = EpochMeter(options.fetch_concurrency, options.engine_window)
+        self.meter = EpochMeter()
         self._fetcher: Fetcher | None = None
         self._task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on, once started

@@ -174,7 +174,7 @@ class Fetcher:
                 fetching = self.fetching = self.fetching + 1
                 if fetching > self.max_fetching:
                     self.max_fetching = fetching
-                began = now() if meter is not None else 0.0
+                began = now() if meter is not None else 0.0  # the tuner needs only the end
                 try:
                     sample = await get(index)
                 except asyncio.CancelledError as exc:
@@ -191,10 +191,11 @@ class Fetcher:
                     continue
                 finally:
                     self.fetching -= 1
+                    ended = now() if meter is not None or self._tuner is not None else 0.0
                     if meter is not None:
-                        meter.fetch.add(now() - began)
+                        meter.fetch.add(ended - began)
                 if self._tuner is not None:
-                    self._retune(bool(queue), sample)
+                    self._retune(bool(queue), ended, sample)
                 if not done.done():
                     batch.samples[pos] = sample
                     batch.left -= 1  # inline: this runs once per sample
@@ -208,9 +209,9 @@ class Fetcher:
         """Samples at most being fetched at once now."""
         return self._limit
 
-    def _retune(self, queued: bool, sample: Any) -> None:
+    def _retune(self, queued: bool, at: float, sample: Any) -> None:
         assert self._tuner is not None
-        new = self._tuner.completed(queued, now(), sample)
+        new = self._tuner.completed(queued, at, sample)
         if new is None:
             return
         grew, self._limit = new > self._limit, new

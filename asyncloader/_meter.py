@@ -85,23 +85,18 @@ class Durations:
 
 
 class EpochMeter:
-    """The measurements of one epoch (see the module docstring).
+    """The measurements of one epoch (see the module docstring)."""
 
-    Args:
-        fetch_limit: Samples at most in flight on the loop (``io_concurrency``).
-        engine_limit: Batches at most in the engine.
-    """
-
-    def __init__(self, fetch_limit: int, engine_limit: int) -> None:
+    def __init__(self) -> None:
         start = now()
         self.started = start
         self.ended: float | None = None
-        self.fetch_limit, self.engine_limit = fetch_limit, engine_limit
         self.fetch, self.engine = Durations(), Durations()
         self.waiting = Level(start)
         self.device = Durations()
         self.backpressure = 0.0
-        self.first_batch: float | None = None  # the consumer's thread writes these four
+        # The consumer's thread writes first_batch, stall, busy, _handed and steady.
+        self.first_batch: float | None = None
         self.stall = 0.0
         self.busy = 0.0
         self._handed = start

@@ -102,6 +102,8 @@ class Options:
         check.check_int("io_concurrency", self.io_concurrency, 1)
         if self.memory_budget is not None:
             check.check_int("memory_budget", self.memory_budget, 1)
+            if not self.auto_io:
+                raise ValueError('memory_budget= bounds io_concurrency="auto"; it needs it')
         elif self.auto_io:
             _set(self, memory_budget=DEFAULT_BUDGET)
         check.check_int("fetch_threads", self.fetch_threads, 1)
@@ -259,12 +261,11 @@ class Options:
     def window(self) -> int:
         """Batches at most taken from the sampler and not yet handed to the consumer (under
         ``io_concurrency="auto"``, room for twice the highest limit: see ``_autotune``)."""
-        fetching = self.fetch_concurrency * (2 if self.auto_io else 1)
-        return self.transform_window + self.fetch_window_for(fetching) + self.device_depth
+        return self.window_for(self.fetch_concurrency * (2 if self.auto_io else 1))
 
     def window_for(self, fetching: int) -> int:
-        """The window while the loop's fetch limit is ``fetching`` (``io_concurrency="auto"``
-        moves it); never above :attr:`window`."""
+        """The window that keeps ``fetching`` samples busy (``io_concurrency="auto"`` moves
+        it with its limit); never above :attr:`window`."""
         return self.transform_window + self.fetch_window_for(fetching) + self.device_depth
 
 

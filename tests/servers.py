@@ -354,23 +354,31 @@ class SeaweedS3:
                 sock.unlink(missing_ok=True)
 
 
-def put_objects(server: SeaweedS3, objects: Mapping[str, bytes]) -> list[str]:
-    """Uploads ``objects`` (key -> bytes) into the test bucket; returns their s3:// URLs."""
+def put_objects(
+    server: SeaweedS3, objects: Mapping[str, bytes], concurrency: int = 1
+) -> list[str]:
+    """Uploads ``objects`` (key -> bytes) into the test bucket, ``concurrency`` at a time;
+    returns their s3:// URLs."""
     import s3fs
 
     async def upload() -> None:
         fs = s3fs.S3FileSystem(asynchronous=True, **server.storage_options)
         await fs.set_session()
-        try:
-            for key, data in objects.items():
+        gate = asyncio.Semaphore(concurrency)
+
+        async def put(key: str, data: bytes) -> None:
+            async with gate:
                 for attempt in range(50):  # the bucket appears shortly after the gateway
                     try:
                         await fs._pipe_file(f"{BUCKET}/{key}", data)
-                        break
+                        return
                     except FileNotFoundError:
                         if attempt == 49:
                             raise
-                        server.wait_on_exit(POLL_DELAY_S)  # nothing else runs on this loop
+                        await asyncio.to_thread(server.wait_on_exit, POLL_DELAY_S)
+
+        try:
+            await asyncio.gather(*(put(key, data) for key, data in objects.items()))
         finally:
             await fs._s3.close()
 

@@ -51,7 +51,6 @@ and requests per image as the proxy saw them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import math
@@ -319,37 +318,13 @@ def _run(pipeline: str, proxy: Any, images: int, io_concurrency: int) -> dict:
     return result
 
 
-def upload(endpoint: str, images: int) -> None:
+def upload(server: Any, images: int) -> None:
     """Puts ``make_images(images)`` into the bucket as ``images/{key}.jpg``, 32 at a time."""
-    import s3fs
-
     from examples.image_data import make_images
-    from tests.servers import BUCKET
+    from tests.servers import put_objects
 
     samples = make_images(images, seed=0)
-
-    async def put_all() -> None:
-        fs = s3fs.S3FileSystem(asynchronous=True, **storage_options(endpoint))
-        await fs.set_session()
-        gate = asyncio.Semaphore(32)
-
-        async def put(key: str, data: bytes) -> None:
-            async with gate:
-                for attempt in range(50):  # the bucket appears shortly after the gateway
-                    try:
-                        await fs._pipe_file(f"{BUCKET}/{PREFIX}/{key}.jpg", data)
-                        return
-                    except FileNotFoundError:
-                        if attempt == 49:
-                            raise
-                        await asyncio.sleep(0.1)
-
-        try:
-            await asyncio.gather(*(put(key, data) for key, data, _ in samples))
-        finally:
-            await fs._s3.close()
-
-    asyncio.run(put_all())
+    put_objects(server, {f"{PREFIX}/{key}.jpg": data for key, data, _ in samples}, concurrency=32)
 
 
 def _ratio(runs: dict, pipeline: str, key: str) -> float:
@@ -425,7 +400,7 @@ def main() -> None:
     }
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(SeaweedS3(binary))
-        upload(server.endpoint, args.images)
+        upload(server, args.images)
         port = int(server.endpoint.rsplit(":", 1)[1])
         proxies = {lat: stack.enter_context(LatencyProxy(port, lat)) for lat in args.latency}
         for rep in range(args.reps):
