@@ -354,9 +354,7 @@ class SeaweedS3:
                 sock.unlink(missing_ok=True)
 
 
-def put_objects(
-    server: SeaweedS3, objects: Mapping[str, bytes], concurrency: int = 1
-) -> list[str]:
+def put_objects(server: SeaweedS3, objects: Mapping[str, bytes], concurrency: int = 1) -> list[str]:
     """Uploads ``objects`` (key -> bytes) into the test bucket, ``concurrency`` at a time;
     returns their s3:// URLs."""
     import s3fs

@@ -9,6 +9,7 @@ import pytest
 from asyncloader import AsyncLoader
 from asyncloader._autotune import CAP, HOLD_S, START, FetchTuner
 from asyncloader._epoch import Window
+from tests.helpers import Waiting
 from tests.helpers.contracts import check_bounded_window, check_exactly_once
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,18 +79,6 @@ def test_a_shrunk_window_gives_back_slots_only_past_its_debt():
         assert window._permits._value + window.ahead == 5
 
     asyncio.run(run())
-
-
-class Waiting:
-    def __init__(self, n, latency):
-        self.n, self.latency = n, latency
-
-    def __len__(self):
-        return self.n
-
-    async def __getitem__(self, i):
-        await asyncio.sleep(self.latency)
-        return i
 
 
 @pytest.mark.parametrize("placement", ["loop", "workers"])

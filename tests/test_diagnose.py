@@ -1,6 +1,5 @@
 """python -m asyncloader.diagnose module:factory: runs a loader alone and prints its report."""
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -9,21 +8,13 @@ import pytest
 
 from asyncloader import AsyncLoader
 from asyncloader.diagnose import load_factory, main
+from tests.helpers import Waiting
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class Waiting:
-    def __len__(self):
-        return 400
-
-    async def __getitem__(self, i):
-        await asyncio.sleep(0.01)
-        return i
-
-
 def make_loader():
-    return AsyncLoader(Waiting(), batch_size=4, io_concurrency=4)
+    return AsyncLoader(Waiting(400, 0.01), batch_size=4, io_concurrency=4)
 
 
 def not_a_loader():

@@ -1,26 +1,15 @@
 """loader.stats per-stage figures and loader.report(): the bottleneck named on constructed
 cases, one per stage. The workloads wait or burn on purpose: that is what they measure."""
 
-import asyncio
 import time
 
 import pytest
 import torch
 
 from asyncloader import AsyncLoader
+from tests.helpers import Waiting
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class SlowStorage:
-    """Every sample takes 20 ms to arrive."""
-
-    def __len__(self):
-        return 160
-
-    async def __getitem__(self, i):
-        await asyncio.sleep(0.02)
-        return i
 
 
 def burn(x):
@@ -52,7 +41,7 @@ def run(loader, step_s=0.0):
 
 
 CASES = {
-    "storage": lambda: run(AsyncLoader(SlowStorage(), batch_size=8, io_concurrency=8)),
+    "storage": lambda: run(AsyncLoader(Waiting(160, 0.02), batch_size=8, io_concurrency=8)),
     "cpu": lambda: run(AsyncLoader(list(range(160)), batch_size=8, transform=burn, num_workers=1)),
     "consumer": lambda: run(AsyncLoader(list(range(160)), batch_size=8), step_s=0.005),
     "device": lambda: run(

@@ -65,6 +65,21 @@ class AsyncSource:
         return sample(index)
 
 
+class Waiting:
+    """Map-style source with ``async def __getitem__``: sample ``i`` is ``i``, after a fixed
+    ``latency_s`` (storage that only waits)."""
+
+    def __init__(self, n: int, latency_s: float) -> None:
+        self.n, self.latency_s = n, latency_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        await asyncio.sleep(self.latency_s)
+        return index
+
+
 class IterSource(IterableDataset):
     """A torch IterableDataset yielding samples 0..n-1; in worker ``w`` of ``k`` iterating its
     own copy (torch's ``get_worker_info()``), those with ``i % k == w``, as DataLoader's
