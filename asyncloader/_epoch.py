@@ -43,13 +43,14 @@ from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._failure import Failure, unwrap_group
 from asyncloader._fetch import Fetcher, fetch_then_run
+from asyncloader._length import LengthCheck, ReportedLength
 from asyncloader._meter import EpochMeter, now
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
 from asyncloader._reorder import ReorderBuffer
 from asyncloader._seeding import Seeds, call_seeded
-from asyncloader._skip import SKIP_LOG_LENGTH, SkipLedger, Trimmed
+from asyncloader._skip import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
 from asyncloader._start import EpochStart
 from asyncloader._stats import LoaderStats
 from asyncloader._streams import worker_stream_batches
@@ -138,6 +139,8 @@ class Epoch:
         skip_log: The loader's ``skip_log``, where the ledger of an ``on_error="skip"`` epoch
             keeps the last few skips.
         tuner: ``io_concurrency="auto"``: the loader's fetch tuner, kept across its epochs.
+        reported_len: What ``len(loader)`` answered before the epoch, for an iterable
+            source: each batch past it warns (:class:`~asyncloader._length.LengthCheck`).
     """
 
     def __init__(
@@ -147,8 +150,18 @@ class Epoch:
         lease: WorkerLease | None,
         skip_log: deque[tuple[Any, str]] | None = None,
         tuner: FetchTuner | None = None,
+        reported_len: ReportedLength | None = None,
     ) -> None:
         self._options = options
+        self._length: LengthCheck | None = None
+        if reported_len is not None:
+            self._length = LengthCheck(
+                reported_len,
+                options.dataset,
+                options.batch_size is not None,
+                options.worker_streams,
+                options.loader_name,
+            )
         # on_error="skip": the consumer's iterator settles each Trimmed batch here.
         self.skips: SkipLedger | None = None
         if options.max_skipped is not None:
@@ -212,6 +225,8 @@ class Epoch:
             item = self.skips.settle(seq, item)
         if isinstance(item, Failure):
             item.reraise()
+        if self._length is not None and item is not EMPTY:
+            self._length.handed_over()
         return item
 
     def release(self) -> None:

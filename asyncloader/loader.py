@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from asyncloader._async import AsyncIterator
 from asyncloader._autotune import FetchTuner
 from asyncloader._epoch import Epoch
+from asyncloader._length import ReportedLength
 from asyncloader._meter import now
 from asyncloader._options import Options
 from asyncloader._report import Diagnosis, diagnose, render
@@ -275,6 +276,7 @@ class AsyncLoader(Generic[T_co]):
         # whose __iter__ returned another object (one that is its own iterator is reset by it).
         self._dataset_keeps_state = self._options.kind.is_map
         self._skip_log: deque[tuple[Any, str]] = deque(maxlen=SKIP_LOG_LENGTH)
+        self._reported_len: ReportedLength | None = None  # len(loader) of an iterable source
 
     # DataLoader's attributes, read-only.
     dataset = property(lambda self: self._options.dataset)
@@ -295,6 +297,9 @@ class AsyncLoader(Generic[T_co]):
     prefetch_factor = property(
         lambda self: self._options.prefetch if self._options.num_workers else None
     )
+    #: DataLoader's (private, but read by code written for DataLoader): samples are collated
+    #: into batches by a batch sampler, as opposed to ``batch_size=None``.
+    _auto_collation = property(lambda self: self._options.batch_sampler is not None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED:
@@ -304,7 +309,11 @@ class AsyncLoader(Generic[T_co]):
         super().__setattr__(name, value)
 
     def __len__(self) -> int:
-        """Batches per epoch. Raises TypeError when the source has no length."""
+        """Batches per epoch. Raises TypeError when the source has no length.
+
+        For an iterable source, as DataLoader: each batch an epoch begun afterwards yields
+        past this length warns (a replica not split per worker yields more than its length).
+        """
         options = self._options
         if options.kind.is_map:
             sampler = (
@@ -313,8 +322,12 @@ class AsyncLoader(Generic[T_co]):
             return len(sampler)
         n = len(options.dataset)
         if options.batch_size is None:
-            return n
-        return n // options.batch_size if options.drop_last else -(-n // options.batch_size)
+            batches = n
+        else:
+            batches = n // options.batch_size if options.drop_last else -(-n // options.batch_size)
+        # Epochs begun from now on warn past it, as DataLoader's iterators do.
+        self._reported_len = ReportedLength(n, batches)
+        return batches
 
     @property
     def stats(self) -> LoaderStats:
@@ -367,7 +380,9 @@ class AsyncLoader(Generic[T_co]):
         lease = self._workers.lease(start.seed)
         if self._last is not None:
             self._previous = self._last.stats
-        self._last = Epoch(self._options, start, lease, self._skip_log, self._tuner)
+        self._last = Epoch(
+            self._options, start, lease, self._skip_log, self._tuner, self._reported_len
+        )
         self._epochs.add(self._last)
         return self._last
 

@@ -272,3 +272,44 @@ def test_a_dataset_that_is_its_own_iterator_is_iterated_once_per_epoch():
     loader = AsyncLoader(CountsTo(), batch_size=4, timeout=10)
     for _ in range(2):
         assert [b.tolist() for b in loader] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+
+
+def test_auto_collation_says_whether_batches_are_collated_from_samples():
+    """DataLoader's ``_auto_collation``, which code written for DataLoader reads: a batch
+    sampler is in use (batch_size or batch_sampler), as opposed to batch_size=None."""
+    assert AsyncLoader(SyncSource(8), batch_size=2)._auto_collation is True
+    assert AsyncLoader(SyncSource(8), batch_size=None)._auto_collation is False
+
+
+class LongerThanItsLen(torch.utils.data.IterableDataset):
+    """Yields 6 items but reports a length of 4 (a replica not split per worker, say)."""
+
+    def __iter__(self):
+        return iter(range(6))
+
+    def __len__(self) -> int:
+        return 4
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_an_iterable_longer_than_its_len_warns_once_len_was_asked(batch_size):
+    """As DataLoader: no warning unless len(loader) was called before the epoch began; then
+    each batch past that length warns, naming the length and what was fetched."""
+    unit = "samples" if batch_size is None else "batches"
+    loader = AsyncLoader(LongerThanItsLen(), batch_size=batch_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(list(loader)) == (6 if batch_size is None else 3)
+    expected = len(loader)
+    it = iter(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(expected):
+            next(it)
+    with pytest.warns(UserWarning) as caught:
+        rest = list(it)
+    assert len(caught) == len(rest) and rest
+    message = str(caught[0].message)
+    assert "LongerThanItsLen" in message
+    assert "was reported to be 4 (when accessing len(AsyncLoader)" in message
+    assert f"but {expected + 1} {unit} have been fetched." in message
