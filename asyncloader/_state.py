@@ -21,12 +21,14 @@ from typing import Any
 
 import torch
 
+from asyncloader._layout import taken
 from asyncloader._options import Options
 from asyncloader._rank_sampler import Cut, per_rank, remainder_len
 
-#: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder).
-STATE_VERSION = 3
-_READABLE = (2, 3)
+#: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder);
+#: 4 moved ``source_state`` to StatefulDataLoader's places (:mod:`asyncloader._layout`).
+STATE_VERSION = 4
+_READABLE = (2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,7 @@ def rebase(state: dict, options: Options) -> dict:
 def _check_placement(state: dict, options: Options) -> None:
     """An iterable source's position means something else in the workers' iterations
     (``fetch_in_workers``) than in a single one: resume where it was saved."""
-    saved = state.get("source_state")
+    saved = taken(state)
     per_worker = saved.get("per_worker") if isinstance(saved, dict) else None
     in_workers = per_worker is not None
     mid_epoch = bool(state.get("next_batch")) or bool(state.get("delivered_beyond"))
@@ -251,5 +253,5 @@ def resume_point(state: dict) -> Resume:
     return Resume(
         start=int(state["next_batch"]),
         skip=frozenset(int(s) for s in state["delivered_beyond"]),
-        source_state=state.get("source_state"),
+        source_state=taken(state),
     )

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from asyncloader._async import AsyncIterator
 from asyncloader._autotune import FetchTuner
 from asyncloader._epoch import Epoch
+from asyncloader._layout import placed
 from asyncloader._length import ReportedLength
 from asyncloader._meter import now
 from asyncloader._options import Options
@@ -392,7 +393,9 @@ class AsyncLoader(Generic[T_co]):
         A small, picklable and JSON-friendly dict: the epoch, the RNG state it started from,
         which of its batches were delivered, and an iterable source's own ``state_dict()``
         before the first batch not delivered. Batches in flight are not part of it: they are
-        fetched again on resume.
+        fetched again on resume. The source's own state sits where ``StatefulDataLoader``
+        puts it: ``dataset_state`` and ``fetcher_state``, or per worker in
+        ``_snapshot["_worker_snapshots"]["worker_<i>"]`` (see :mod:`asyncloader._layout`).
 
         Between epochs (before the first, after one ended) it names the next epoch, the RNG
         state its shuffle will draw from (the ``generator``'s, or torch's global one) and the
@@ -418,7 +421,8 @@ class AsyncLoader(Generic[T_co]):
                 "source_state": self._next_source_state(),
             }
         ranks = ranks_state(options, cuts)
-        return {"version": STATE_VERSION, **fingerprint(options), **position, **ranks}
+        own = placed(position.pop("source_state"), options)
+        return {"version": STATE_VERSION, **fingerprint(options), **position, **own, **ranks}
 
     def _next_source_state(self) -> Any:
         """The source's own state for the next epoch: the dataset's (the workers' copies',

@@ -88,8 +88,8 @@ def test_state_dict_after_iter_holds_what_iter_created():
     loader = AsyncLoader(dataset, batch_size=4)
     it = iter(loader)
     state = loader.state_dict()
-    assert state["source_state"]["dataset"] == {"seed": 1}
-    assert state["source_state"]["iterator"]["pos"] == 0
+    assert state["dataset_state"] == {"seed": 1}
+    assert state["fetcher_state"]["dataset_iter_state"]["pos"] == 0
     it.close()
 
 
@@ -137,7 +137,7 @@ def test_the_datasets_own_state_is_saved_between_epochs():
     list(loader)
     dataset.epochs += 1  # what a training loop or the dataset does at the end of an epoch
     state = json.loads(json.dumps(loader.state_dict()))
-    assert state["source_state"] == {"dataset": {"epochs": 1}, "iterator": None}
+    assert state["dataset_state"] == {"epochs": 1}
     restored = EpochCounter()
     resumed = AsyncLoader(restored, batch_size=4)
     resumed.load_state_dict(state)

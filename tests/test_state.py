@@ -88,7 +88,8 @@ def test_stateful_stream_is_not_replayed():
         next(it)
     state = loader.state_dict()
     it.close()
-    assert state["source_state"] == {"dataset": {"pos": 20}, "iterator": None}
+    assert state["dataset_state"] == {"pos": 20}
+    assert state["fetcher_state"] == {"dataset_iter_state": None}
     resumed_stream = StatefulStream(40)
     resumed = AsyncLoader(resumed_stream, batch_size=4)
     resumed.load_state_dict(state)
@@ -200,3 +201,121 @@ def test_a_sigkilled_run_resumes_and_together_they_deliver_every_sample_once(tmp
             with open(tmp_path / name) as f:
                 delivered += json.load(f)["delivered"]
     assert sorted(delivered) == list(range(200)), f"killed after checkpoint {stop_after}"
+
+
+# -- StatefulDataLoader's places for a source's own state -----------------------------------------
+
+
+class CountedIter:
+    """An iterable whose iterator keeps its own state, and which counts its __iter__ calls in
+    its own state (as torchdata's tests do)."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n, self.iter_calls = n, 0
+
+    def state_dict(self) -> dict:
+        return {"iter_calls": self.iter_calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass  # the count is this copy's own
+
+    def __iter__(self):
+        self.iter_calls += 1
+        return _Counting(self.n)
+
+
+class _Counting:
+    def __init__(self, n: int) -> None:
+        self.n, self.pos = n, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        if self.pos >= self.n:
+            raise StopIteration
+        self.pos += 1
+        return self.pos - 1
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+
+def test_a_source_state_sits_where_stateful_dataloader_puts_it_without_workers():
+    """Without workers: ``dataset_state`` and ``fetcher_state.dataset_iter_state`` at the top."""
+    loader = AsyncLoader(CountedIter(), batch_size=4)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    assert state["dataset_state"] == {"iter_calls": 1}
+    assert state["fetcher_state"] == {"dataset_iter_state": {"pos": 4}}
+    assert "_snapshot" not in state and "source_state" not in state
+
+
+def test_a_source_state_sits_in_each_workers_snapshot_when_the_workers_iterate():
+    """fetch_in_workers: per worker ``_snapshot._worker_snapshots.worker_<i>`` with its
+    ``dataset_state`` and ``fetcher_state`` (``dataset_iter_state``, ``fetcher_ended``), and
+    nothing at the top (the training process iterates nothing)."""
+    loader = AsyncLoader(CountedIter(6), batch_size=4, num_workers=2, fetch_in_workers=True)
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    assert "dataset_state" not in state and "fetcher_state" not in state
+    workers = state["_snapshot"]["_worker_snapshots"]
+    assert sorted(workers) == ["worker_0", "worker_1"]
+    for i, worker in enumerate(workers[f"worker_{i}"] for i in range(2)):
+        assert worker["worker_id"] == i and worker["delivered"] == 1
+        assert worker["dataset_state"] == {"iter_calls": 1}
+        assert worker["fetcher_state"] == {"dataset_iter_state": {"pos": 4}, "fetcher_ended": False}
+
+
+def test_every_worker_has_a_snapshot_before_the_first_epoch():
+    """As StatefulDataLoader: one entry per worker whatever the source, before any iter();
+    the workers of a map-style source hold no state of their own."""
+    state = AsyncLoader(SyncSource(8), batch_size=2, num_workers=2).state_dict()
+    workers = state["_snapshot"]["_worker_snapshots"]
+    assert [workers[f"worker_{i}"]["worker_id"] for i in range(2)] == [0, 1]
+    assert all(w["dataset_state"] is None and w["fetcher_state"] is None for w in workers.values())
+
+
+def as_version_3(state: dict) -> dict:
+    """A state in the layout asyncloader saved before version 4 (``source_state``)."""
+    moved = ("dataset_state", "fetcher_state", "_snapshot")
+    old = {k: v for k, v in state.items() if k not in moved}
+    if "dataset_state" in state:
+        fetcher = state["fetcher_state"] or {}
+        own = {"dataset": state["dataset_state"], "iterator": fetcher.get("dataset_iter_state")}
+        old["source_state"] = own
+    elif "_snapshot" in state:
+        snapshots = state["_snapshot"]["_worker_snapshots"]
+        workers = [snapshots[f"worker_{i}"] for i in range(len(snapshots))]
+        per_worker = []
+        for w in workers:
+            fetcher = w["fetcher_state"]
+            own = {"dataset": w["dataset_state"], "iterator": fetcher["dataset_iter_state"]}
+            per_worker.append(
+                {"delivered": w["delivered"], "ended": fetcher["fetcher_ended"], "state": own}
+            )
+        old["source_state"] = {"per_worker": per_worker, "next": state["_snapshot"]["next_worker"]}
+    return {**old, "version": 3}
+
+
+@pytest.mark.parametrize("workers", [dict(), dict(num_workers=2, fetch_in_workers=True)])
+def test_a_version_3_state_still_resumes(workers):
+    """States saved before the layout moved (version 3, ``source_state``) load as before."""
+    make = lambda: AsyncLoader(CountedIter(20), batch_size=3, **workers)  # noqa: E731
+    reference = [b.tolist() for b in make()]
+    first = make()
+    it = iter(first)
+    seen = [next(it).tolist() for _ in range(3)]
+    state = as_version_3(first.state_dict())
+    it.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert seen + [b.tolist() for b in resumed] == reference
