@@ -56,6 +56,11 @@ class WorkerEngine(Engine, Protocol):
         (a :class:`~asyncloader._worker_loop.StreamOpen`) starts: see
         :meth:`asyncloader._worker_loop.WorkerCore.next_stream`."""
 
+    def open_stream(self, worker: int, opening: Any) -> Future[Any]:
+        """Opens ``worker``'s iteration of the epoch ``opening`` starts; resolves to the
+        source's own state right after: see
+        :meth:`asyncloader._worker_loop.WorkerCore.open_stream`."""
+
 
 class ExecutorEngine:
     """An ``Executor`` the loader does not own the workers of: the plan travels with each task.

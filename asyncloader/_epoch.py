@@ -60,6 +60,10 @@ from asyncloader._workers import WorkerLease
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 from asyncloader.sources import SourceKind
 
+#: The longest ``state_dict()`` waits for the workers to open their iterations of the source
+#: (without a ``timeout``); past it, it returns the state without what they opened.
+SETTLE_S = 30.0
+
 
 class Window:
     """Admission of batches into the epoch, on the loop's thread only.
@@ -168,7 +172,8 @@ class Epoch:
             recent = deque(maxlen=SKIP_LOG_LENGTH) if skip_log is None else skip_log
             self.skips = SkipLedger(options.max_skipped, recent)
         self.start_info = start
-        self.progress = Progress(start.resume, start.source_state)
+        self.progress = Progress(start.resume, start.source_state, options.worker_streams)
+        self._scheduled = False  # the stage tasks run, or will without the consumer's help
         self._lease = lease
         self._tuner = tuner if self._open_fetch_needed() else None
         if self._tuner is not None:
@@ -188,8 +193,30 @@ class Epoch:
 
     # -- consumer side -------------------------------------------------------------------------
 
+    def scheduled(self) -> None:
+        """The epoch is to run on another thread's loop (a ``for`` epoch): it starts without
+        the consumer asking for a batch."""
+        self._scheduled = True
+
+    def settle_source(self) -> None:
+        """Waits until the workers have opened their iterations of the source
+        (``fetch_in_workers``), so that a ``state_dict()`` right after ``iter()`` holds what
+        each worker's ``__iter__`` made, as it does without workers. Returns at once where
+        nothing would open meanwhile (an ``async for`` epoch not started yet) or where waiting
+        would stall the epoch (on its own loop); waits at most ``timeout``, or
+        :data:`SETTLE_S` (the state is exact either way: only less informative)."""
+        if not self._scheduled:
+            return
+        try:
+            if asyncio.get_running_loop() is self.loop:
+                return
+        except RuntimeError:
+            pass  # not on any loop
+        self.progress.wait_source_opened(self._options.timeout or SETTLE_S)
+
     def start(self) -> asyncio.Task[None]:
         """Starts the stage tasks on the running loop."""
+        self._scheduled = True
         self.loop = asyncio.get_running_loop()
         self._task = self.loop.create_task(self._run(), name="asyncloader-epoch")
         return self._task
@@ -315,6 +342,7 @@ class Epoch:
 
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
+            stack.callback(self.progress.source_opened)  # never opening: nobody waits
             try:
                 await self._flow(stack)
             except asyncio.CancelledError:

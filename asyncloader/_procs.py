@@ -211,6 +211,11 @@ class WorkerGroup:
         key = ("s", worker, opening.token, number)
         return self._request(worker, key, ("next", opening, number))
 
+    def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
+        """Opens ``worker``'s iteration for the epoch ``opening`` starts; resolves to the
+        source's own state then (see ``WorkerCore.open_stream``)."""
+        return self._request(worker, ("o", worker, opening.token), ("open", opening))
+
     @staticmethod
     def new_token() -> int:
         return next(_tokens)

@@ -51,9 +51,13 @@ class Progress:
             count as received).
         source_state: ``(seq, state)``: an iterable source's own state before the first
             batch it will give, when it keeps one; ``None`` for every other source.
+        opening: Workers open the source's iterations (``fetch_in_workers``): the state
+            before the first batch is final only once :meth:`source_opened` was called.
     """
 
-    def __init__(self, resume: Resume, source_state: tuple[int, Any] | None = None) -> None:
+    def __init__(
+        self, resume: Resume, source_state: tuple[int, Any] | None = None, opening: bool = False
+    ) -> None:
         self._lock = threading.Lock()
         self._cursor = Cursor(resume.start, set(resume.skip))
         # seq -> the source's state before batch seq, pruned below the cursor as batches arrive.
@@ -62,6 +66,11 @@ class Progress:
         )
         self._batches = 0
         self._finished = False
+        # Set once the workers opened their iterations (fetch_in_workers; see _streams), or
+        # the epoch ended without: until then the state before the first batch is not known.
+        self._opened = threading.Event()
+        if not opening:
+            self._opened.set()
 
     @property
     def tracks_source(self) -> bool:
@@ -83,6 +92,14 @@ class Progress:
     def finish(self) -> None:
         with self._lock:
             self._finished = True
+
+    def source_opened(self) -> None:
+        """The source's state before the first batch is recorded (or never will be)."""
+        self._opened.set()
+
+    def wait_source_opened(self, timeout: float) -> bool:
+        """Waits at most ``timeout`` seconds for :meth:`source_opened`; True once it was."""
+        return self._opened.wait(timeout)
 
     def source_state_before(self, seq: int, state: Any) -> None:
         """Records the source's own state before batch ``seq`` (after batch ``seq - 1``)."""

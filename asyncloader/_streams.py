@@ -10,7 +10,9 @@ own part). The epoch takes their batches round robin, DataLoader's order::
 a worker whose iteration has ended dropping out of the turn. So the order depends on what each
 worker's iteration yields, never on timing.
 
-Each worker is asked for ``prefetch`` batches ahead of the one the epoch waits for from it.
+Each worker first opens its iteration and reports the source's own state then (what
+``state_dict()`` holds before the first batch), and is asked for ``prefetch`` batches ahead
+of the one the epoch waits for from it.
 Resume: the state before each batch records, per worker, the batches delivered, whether its
 iteration ended, and the source's own state after its last delivered batch (when it keeps
 one); a resumed worker restores that state, or else replays its delivered batches and drops
@@ -70,10 +72,18 @@ async def worker_stream_batches(
 
     seq, w = start.first_seq, saved["next"]
     try:
-        for i, worker in enumerate(workers):
-            if not worker["ended"]:
-                for _ in range(options.prefetch):
-                    ask(i)
+        live = [i for i, worker in enumerate(workers) if not worker["ended"]]
+        opened = [asyncio.wrap_future(engine.open_stream(i, openings[i])) for i in live]
+        for i in live:
+            for _ in range(options.prefetch):
+                ask(i)
+        # What each worker's __iter__ (and a restored state) made is the state before the
+        # first batch, as it is without workers; state_dict() waits for it (Progress).
+        for i, answer in zip(live, await asyncio.gather(*opened), strict=True):
+            if answer not in (LOST, SUPERSEDED) and answer is not None:
+                workers[i]["state"] = answer
+        progress.source_state_before(seq, _merge_state(workers, w))
+        progress.source_opened()
         while not all(worker["ended"] for worker in workers):
             if workers[w]["ended"]:
                 w = (w + 1) % n
@@ -109,6 +119,7 @@ async def worker_stream_batches(
     except BrokenProcessPool as exc:  # a worker died (asking it, or while it worked)
         raise await crashed(exc) from exc
     finally:
+        progress.source_opened()
         for queue in ahead:
             for future in queue:
                 future.cancel()

@@ -23,7 +23,7 @@ import contextlib
 import queue
 import threading
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from asyncloader._device import hand_over
@@ -39,18 +39,29 @@ class Job:
     """A coroutine run as a task on another thread's loop; cancellable and awaitable from any
     thread. ``done`` is set once the task has finished, also when cancelled before it ran."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        coro: Coroutine[Any, Any, None],
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
         self.loop = loop
         self.done = threading.Event()
+        self._on_done = on_done
         self._task: asyncio.Task[None] | None = None
         self._cancelled = False
         loop.call_soon_threadsafe(self._start, coro)
 
     def _start(self, coro: Coroutine[Any, Any, None]) -> None:
         self._task = self.loop.create_task(coro, name="asyncloader-pump")
-        self._task.add_done_callback(lambda _: self.done.set())
+        self._task.add_done_callback(self._finished)
         if self._cancelled:
             self._task.cancel()
+
+    def _finished(self, _: asyncio.Task[None]) -> None:
+        if self._on_done is not None:
+            self._on_done()
+        self.done.set()
 
     def _cancel_here(self) -> None:
         if self._task is not None:
@@ -76,8 +87,11 @@ class LoopThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
-    def run(self, coro: Coroutine[Any, Any, None]) -> Job:
-        """Runs ``coro`` on the loop (started if need be)."""
+    def run(
+        self, coro: Coroutine[Any, Any, None], on_done: Callable[[], None] | None = None
+    ) -> Job:
+        """Runs ``coro`` on the loop (started if need be); ``on_done()`` is called there once
+        it has finished, also when it was cancelled before it ran."""
         with self._lock:
             if self._loop is None:
                 self._loop = new_event_loop()
@@ -85,7 +99,7 @@ class LoopThread:
                     target=_serve, args=(self._loop,), name="asyncloader-loop", daemon=True
                 )
                 self._thread.start()
-            return Job(self._loop, coro)
+            return Job(self._loop, coro, on_done)
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -183,7 +197,8 @@ class SyncIterator:
         self._owner = owner
         self._timeout = timeout or None
         self._queue: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
-        self._pump = loop.run(_pump(epoch, self._queue))
+        # An epoch cancelled before it started opens nothing: state_dict() need not wait.
+        self._pump = loop.run(_pump(epoch, self._queue), epoch.progress.source_opened)
         self._done = False
         self._finalizer = weakref.finalize(self, _finalize, self._pump)
 

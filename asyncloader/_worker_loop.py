@@ -91,10 +91,14 @@ class StreamOpen:
 
 
 class _Stream:
-    __slots__ = ("ended", "iterator", "next", "opening", "pull", "superseded", "turn")
+    __slots__ = (
+        "ended", "failed", "iterator", "next", "opened", "opening", "pull", "superseded", "turn"
+    )  # fmt: skip
 
     def __init__(self, opening: StreamOpen) -> None:
         self.opening: StreamOpen | None = opening  # until the iteration is opened
+        self.opened: Any = None  # the source's own state right after opening
+        self.failed: Failure | None = None  # opening failed: the first batch request says so
         self.iterator: Any = None
         self.pull: Any = None  # what a sync iteration's items are taken from (sync_stream)
         self.ended: Ended | None = None
@@ -185,16 +189,9 @@ class WorkerCore:
         its iteration began). ``indices`` are offsets in the worker's own stream. Requests are
         served in the order of their numbers, whatever order they arrive in (a Ray actor may
         start them out of order)."""
-        if opening.token < self._newest:
-            return SUPERSEDED
-        stream = self._streams.get(opening.token)
-        if stream is None:
-            if self._restarted and number != opening.delivered:
-                return LOST
-            stream = _Stream(opening)
-            for old in self._streams.values():
-                self._supersede(old)
-            self._streams, self._newest = {opening.token: stream}, opening.token
+        stream = self._stream(opening, number)
+        if not isinstance(stream, _Stream):
+            return stream
         async with stream.turn:
             if number < stream.next:
                 return LOST
@@ -206,6 +203,34 @@ class WorkerCore:
             finally:
                 stream.next += 1
                 stream.turn.notify_all()
+
+    async def open_stream(self, opening: StreamOpen) -> Any:
+        """Opens this worker's iteration of epoch ``opening.token`` unless a batch request did
+        already, and answers the source's own state right after opening (``None`` when it
+        keeps none, or when opening failed: the first batch request raises that), or
+        :data:`SUPERSEDED` / :data:`LOST` as :meth:`next_stream` would."""
+        stream = self._stream(opening, opening.delivered)
+        if not isinstance(stream, _Stream):
+            return stream
+        async with stream.turn:
+            if init_failure() is None:
+                await self._opened(stream)
+            return stream.opened
+
+    def _stream(self, opening: StreamOpen, number: int) -> _Stream | str:
+        """The iteration ``opening`` names (created by its first request; an older epoch's is
+        dropped then), or what to answer instead."""
+        if opening.token < self._newest:
+            return SUPERSEDED
+        stream = self._streams.get(opening.token)
+        if stream is None:
+            if self._restarted and number != opening.delivered:
+                return LOST
+            stream = _Stream(opening)
+            for old in self._streams.values():
+                self._supersede(old)
+            self._streams, self._newest = {opening.token: stream}, opening.token
+        return stream
 
     def _supersede(self, stream: _Stream) -> None:
         """Wakes an older iteration's waiting requests to answer SUPERSEDED."""
@@ -220,18 +245,29 @@ class WorkerCore:
     async def _next(self, stream: _Stream, number: int) -> Any:
         if (failed := init_failure()) is not None:
             return None, failed, None
-        if stream.opening is not None:
-            opening, stream.opening = stream.opening, None
-            try:
-                stream.iterator = await self._open(opening)
-                stream.pull = sync_stream(self._plan.dataset, stream.iterator)
-            except Exception as exc:
-                stream.ended = Ended(None)
-                return range(0), self._stream_failure(exc, "fetch", number, range(0)), None
-            for replayed in range(opening.delivered if opening.state is None else 0):
-                if isinstance(await self._pull(stream, replayed), Ended):
-                    break
+        await self._opened(stream)
+        if stream.failed is not None:
+            failure, stream.failed = stream.failed, None
+            return range(0), failure, None
         return await self._pull(stream, number)
+
+    async def _opened(self, stream: _Stream) -> None:
+        """Opens ``stream`` once, under its turn: seeds, restores the saved state or replays
+        the batches already delivered, and keeps the source's own state then."""
+        if stream.opening is None:
+            return
+        opening, stream.opening = stream.opening, None
+        try:
+            stream.iterator = await self._open(opening)
+            stream.pull = sync_stream(self._plan.dataset, stream.iterator)
+        except Exception as exc:
+            stream.ended = Ended(None)
+            stream.failed = self._stream_failure(exc, "fetch", opening.delivered, range(0))
+            return
+        for replayed in range(opening.delivered if opening.state is None else 0):
+            if isinstance(await self._pull(stream, replayed), Ended):
+                break
+        stream.opened = source_state(self._plan.dataset, stream.iterator)
 
     async def _open(self, opening: StreamOpen) -> Any:
         seed_stream(opening.seed)
@@ -315,9 +351,10 @@ def serve(conn: Any, owner_pid: int, spec: WorkerSpec) -> None:
     """Main function of a :class:`~asyncloader._procs.WorkerGroup` worker process.
 
     Messages in (tuples over ``conn``): ``("batch", key, seq, indices, samples, seeds)``,
-    ``("next", key, StreamOpen, number)``, ``("stop",)``. Messages out:
-    ``("ready", init_failure)`` once, then per request ``("done", key)`` followed by the
-    pickled result as bytes, under the key the request came with. A closed pipe is a stop.
+    ``("next", key, StreamOpen, number)``, ``("open", key, StreamOpen)``, ``("stop",)``.
+    Messages out: ``("ready", init_failure)`` once, then per request ``("done", key)``
+    followed by the pickled result as bytes, under the key the request came with. A closed
+    pipe is a stop.
     """
     setup_worker(
         owner_pid, spec.worker_id, spec.num_workers, spec.base_seed, spec.plan, spec.worker_init_fn
@@ -366,6 +403,13 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
             result = Failure.capture(exc, "worker", seq, indices)
         reply(key, seq, result, indices)
 
+    async def answer_open(key: Any, opening: StreamOpen) -> None:
+        try:
+            result = await core.open_stream(opening)
+        except Exception:  # asyncloader's own bug: still answer, never hang (the batch
+            result = None  # requests that follow report it)
+        reply(key, -1, result, ())
+
     async def answer_next(key: Any, opening: StreamOpen, number: int) -> None:
         try:
             result = await core.next_stream(opening, number)
@@ -383,5 +427,7 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
                 core.spawn(answer_batch(*message[1:]), name=f"batch:{message[2]}")
             elif op == "next":
                 core.spawn(answer_next(*message[1:]), name=f"next:{message[3]}")
+            elif op == "open":
+                core.spawn(answer_open(*message[1:]), name="open")
     finally:
         await core.aclose()

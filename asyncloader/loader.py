@@ -406,6 +406,7 @@ class AsyncLoader(Generic[T_co]):
             return copy.deepcopy(self._resume)
         options, epoch = self._options, self._last
         if epoch is not None and not epoch.progress.finished:
+            epoch.settle_source()
             rng, cuts = epoch.start_info.rng, epoch.start_info.cuts
             position = {"epoch": self._epoch, "rng": encode_rng(rng), **epoch.progress.checkpoint()}
         else:
@@ -460,7 +461,9 @@ class AsyncLoader(Generic[T_co]):
         return AsyncIterator(self._new_epoch(), self._options.timeout, owner=self)
 
     def __iter__(self) -> SyncIterator:
-        it = SyncIterator(self._new_epoch(), self._options.timeout, self._loop_thread, owner=self)
+        epoch = self._new_epoch()
+        epoch.scheduled()
+        it = SyncIterator(epoch, self._options.timeout, self._loop_thread, owner=self)
         self._iterators.add(it)
         return it
 

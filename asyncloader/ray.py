@@ -109,6 +109,9 @@ class RayWorker:
     async def next_stream(self, opening: StreamOpen, number: int) -> Any:
         return await self._ready_core().next_stream(opening, number)
 
+    async def open_stream(self, opening: StreamOpen) -> Any:
+        return await self._ready_core().open_stream(opening)
+
     async def close(self) -> None:
         if self._core is not None:
             await self._core.aclose()
@@ -194,6 +197,10 @@ class RayWorkers:
     def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
         ref = self._actors[worker].next_stream.remote(opening, number)
         return self._track(worker, ("s", worker, opening.token, number), ref)
+
+    def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
+        ref = self._actors[worker].open_stream.remote(opening)
+        return self._track(worker, ("o", worker, opening.token), ref)
 
     def _track(self, worker: int, key: Any, ref: Any) -> Future[Any]:
         out: Future[Any] = Future()

@@ -319,3 +319,48 @@ def test_a_version_3_state_still_resumes(workers):
     resumed = make()
     resumed.load_state_dict(state)
     assert seen + [b.tolist() for b in resumed] == reference
+
+
+def test_state_dict_right_after_iter_holds_what_each_workers_iter_made():
+    """fetch_in_workers, as without workers: state_dict() right after iter() holds each
+    worker's state after its own __iter__ (it waits for the workers to open their
+    iterations), and resuming from it calls __iter__ once per worker again."""
+    loader = AsyncLoader(CountedIter(6), batch_size=4, num_workers=2, fetch_in_workers=True)
+    it = iter(loader)
+    state = loader.state_dict()
+    workers = state["_snapshot"]["_worker_snapshots"]
+    assert [workers[f"worker_{i}"]["dataset_state"] for i in range(2)] == [{"iter_calls": 1}] * 2
+    assert [w["fetcher_state"]["dataset_iter_state"] for w in workers.values()] == [{"pos": 0}] * 2
+    assert [b.tolist() for b in it] == [[0, 1, 2, 3]] * 2 + [[4, 5]] * 2
+    resumed = AsyncLoader(CountedIter(6), batch_size=4, num_workers=2, fetch_in_workers=True)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    again = resumed.state_dict()["_snapshot"]["_worker_snapshots"]
+    assert [w["dataset_state"] for w in again.values()] == [{"iter_calls": 1}] * 2
+    assert [b.tolist() for b in it] == [[0, 1, 2, 3]] * 2 + [[4, 5]] * 2
+
+
+@pytest.mark.asyncio
+async def test_state_dict_on_the_epochs_own_loop_does_not_wait_for_the_workers():
+    """In an async trainer the epoch runs on the trainer's loop: state_dict() there returns
+    at once (waiting would stall the loop the workers' answers arrive on)."""
+    loader = AsyncLoader(CountedIter(6), batch_size=4, num_workers=2, fetch_in_workers=True)
+    async with loader:
+        batches = aiter(loader)
+        assert loader.state_dict()["_snapshot"]["_worker_snapshots"]["worker_0"]["delivered"] == 0
+        first = await anext(batches)
+        assert first.tolist() == [0, 1, 2, 3]
+        assert loader.state_dict()["_snapshot"]["_worker_snapshots"]["worker_0"]["delivered"] == 1
+        await batches.aclose()
+
+
+@pytest.mark.timeout(20)
+def test_state_dict_after_an_epoch_closed_at_once_does_not_wait():
+    """An epoch closed before it started opens nothing: state_dict() returns at once (it
+    would otherwise wait for workers that never open)."""
+    loader = AsyncLoader(CountedIter(6), batch_size=4, num_workers=2, fetch_in_workers=True,
+                         timeout=15)  # fmt: skip
+    for _ in range(5):
+        it = iter(loader)
+        it.close()
+        assert loader.state_dict()["next_batch"] == 0
