@@ -8,7 +8,9 @@ own part). The epoch takes their batches round robin, DataLoader's order::
     worker 0's batch 0, worker 1's batch 0, ..., worker 0's batch 1, worker 1's batch 1, ...
 
 a worker whose iteration has ended dropping out of the turn. So the order depends on what each
-worker's iteration yields, never on timing.
+worker's iteration yields, never on timing. With ``in_order=False`` the epoch takes whichever
+worker's next batch is ready first (DataLoader's ``in_order=False``): a worker held up by its
+storage does not hold up the others; each worker's own batches keep their order.
 
 Each worker first opens its iteration and reports the source's own state then (what
 ``state_dict()`` holds before the first batch), and is asked for ``prefetch`` batches ahead
@@ -85,7 +87,9 @@ async def worker_stream_batches(
         progress.source_state_before(seq, _merge_state(workers, w))
         progress.source_opened()
         while not all(worker["ended"] for worker in workers):
-            if workers[w]["ended"]:
+            if not options.in_order:
+                w = await _first_ready(ahead, workers, w)
+            elif workers[w]["ended"]:
                 w = (w + 1) % n
                 continue
             answer = await ahead[w].popleft()
@@ -123,6 +127,18 @@ async def worker_stream_batches(
         for queue in ahead:
             for future in queue:
                 future.cancel()
+
+
+async def _first_ready(
+    ahead: list[deque[asyncio.Future[Any]]], workers: list[dict[str, Any]], turn: int
+) -> int:
+    """``in_order=False``: the worker whose next batch is ready, the first in turn from
+    ``turn`` when several are (waiting for the first to be when none is)."""
+    order = [(turn + k) % len(workers) for k in range(len(workers))]
+    live = [w for w in order if not workers[w]["ended"]]
+    if not any(ahead[w][0].done() for w in live):
+        await asyncio.wait([ahead[w][0] for w in live], return_when=asyncio.FIRST_COMPLETED)
+    return next(w for w in live if ahead[w][0].done())
 
 
 def _merge_state(workers: list[dict[str, Any]], turn: int) -> dict[str, Any]:

@@ -262,3 +262,43 @@ def test_a_worker_dying_in_its_own_iteration_raises_worker_crashed_error():
         loader = AsyncLoader(IterSource(40), batch_size=2, transform=die, **IN_WORKERS)
         with pytest.raises(WorkerCrashedError, match=r"is killed by signal: Killed \(SIGKILL\)"):
             epoch(loader)
+
+
+class GatedSecondWorker(torch.utils.data.IterableDataset):
+    """Worker 0 yields 0..7; worker 1 yields 100..107, its first item only once ``gate`` (a
+    FIFO) is opened for writing: a worker held up by its storage."""
+
+    def __init__(self, gate: str) -> None:
+        self.gate = gate
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        return self._held() if info.id == 1 else iter(range(8))
+
+    def _held(self):
+        os.close(os.open(self.gate, os.O_RDONLY))  # blocks until a writer opens it
+        yield from range(100, 108)
+
+
+@pytest.mark.timeout(60)
+def test_out_of_order_takes_whichever_workers_batch_is_ready(tmp_path):
+    """in_order=False: a worker held up does not hold up the others (DataLoader's
+    in_order=False); each worker's own batches stay in its order, every batch comes once,
+    and the state, per worker, resumes exactly."""
+    gate = str(tmp_path / "gate")
+    os.mkfifo(gate)
+    loader = AsyncLoader(GatedSecondWorker(gate), batch_size=2, in_order=False, timeout=30,
+                         **IN_WORKERS)  # fmt: skip
+    it = iter(loader)
+    first = [next(it).tolist() for _ in range(4)]  # worker 1 is held: all of worker 0's
+    assert first == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    workers = state["_snapshot"]["_worker_snapshots"]
+    assert workers["worker_0"]["delivered"] == 4 and workers["worker_1"]["delivered"] == 0
+    os.close(os.open(gate, os.O_WRONLY))
+    assert [b.tolist() for b in it] == [[100, 101], [102, 103], [104, 105], [106, 107]]
+    resumed = AsyncLoader(GatedSecondWorker(gate), batch_size=2, timeout=30, **IN_WORKERS)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    os.close(os.open(gate, os.O_WRONLY))
+    assert [b.tolist() for b in it] == [[100, 101], [102, 103], [104, 105], [106, 107]]
