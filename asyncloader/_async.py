@@ -81,6 +81,12 @@ class AsyncIterator:
     def stats(self) -> LoaderStats:
         return self._epoch.stats
 
+    @property
+    def _workers(self) -> list[Any]:
+        """DataLoader's (private, read by code written for DataLoader): the epoch's worker
+        processes once it has started (``[]`` before its first batch is asked for)."""
+        return self._epoch.worker_processes()
+
     async def aclose(self) -> None:
         """Cancels the epoch and waits until its threads and processes are joined. Idempotent."""
         self._done = True

@@ -205,14 +205,26 @@ class Epoch:
         nothing would open meanwhile (an ``async for`` epoch not started yet) or where waiting
         would stall the epoch (on its own loop); waits at most ``timeout``, or
         :data:`SETTLE_S` (the state is exact either way: only less informative)."""
+        if self._may_wait():
+            self.progress.wait_source_opened(self._options.timeout or SETTLE_S)
+
+    def worker_processes(self) -> list[Any]:
+        """The epoch's worker processes (DataLoader's ``iterator._workers``), waiting for them
+        to start as :meth:`settle_source` waits; ``[]`` without any (or Ray actors)."""
+        if self._lease is None:
+            return []
+        if self._may_wait():
+            self._lease.ready.wait(self._options.timeout or SETTLE_S)
+        return list(self._lease.processes)
+
+    def _may_wait(self) -> bool:
+        """The epoch runs, or will, and not on the caller's loop (waiting would stall it)."""
         if not self._scheduled:
-            return
+            return False
         try:
-            if asyncio.get_running_loop() is self.loop:
-                return
+            return asyncio.get_running_loop() is not self.loop
         except RuntimeError:
-            pass  # not on any loop
-        self.progress.wait_source_opened(self._options.timeout or SETTLE_S)
+            return True  # not on any loop
 
     def start(self) -> asyncio.Task[None]:
         """Starts the stage tasks on the running loop."""

@@ -143,6 +143,11 @@ class ProcessPool:
             failures[0].reraise()
 
     @property
+    def processes(self) -> list[Any]:
+        """The worker processes, once started."""
+        return list(self._processes.values())
+
+    @property
     def broken(self) -> bool:
         """A worker died; the executor accepts no more work."""
         return pool_is_broken(self.executor)

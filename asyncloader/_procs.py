@@ -167,6 +167,11 @@ class WorkerGroup:
         )
 
     @property
+    def processes(self) -> list[Any]:
+        """The worker processes, once started."""
+        return list(self._procs)
+
+    @property
     def broken(self) -> bool:
         """A worker died: the group takes no more work."""
         return bool(self._dead)
@@ -192,8 +197,8 @@ class WorkerGroup:
             receiver.join()
         for conn in self._conns:
             conn.close()
-        for proc in self._procs:
-            proc.close()
+        # The Process objects stay open: an iterator's _workers may still join them and read
+        # their exit codes (they release their sentinels when collected).
 
     # -- requests ------------------------------------------------------------------------------
 

@@ -243,6 +243,12 @@ class SyncIterator:
     def stats(self) -> Any:
         return self._epoch.stats
 
+    @property
+    def _workers(self) -> list[Any]:
+        """DataLoader's (private, read by code written for DataLoader): the epoch's worker
+        processes (``multiprocessing.Process``), waiting for them to start."""
+        return self._epoch.worker_processes()
+
     def close(self) -> None:
         """Stops the epoch and waits until its threads and processes are joined. Idempotent."""
         self._done = True

@@ -51,6 +51,17 @@ class WorkerLease:
         self._owned = owned
         self._started = started
         self._failure = failure
+        #: The pool's processes once started (kept after it stops), for DataLoader's
+        #: ``iterator._workers``; ``ready`` is set then, or once it failed or was left.
+        self.processes: list[Any] = []
+        self.ready = threading.Event()
+        if started:
+            self._settled(pool if failure is None else None)
+
+    def _settled(self, pool: Pool | None) -> None:
+        if pool is not None:
+            self.processes = pool.processes
+        self.ready.set()
 
     async def __aenter__(self) -> Pool:
         pool = self._pool
@@ -63,12 +74,14 @@ class WorkerLease:
             except BaseException:
                 await self.__aexit__()
                 raise
+            self._settled(pool)
         return pool
 
     async def __aexit__(self, *exc_info: object) -> None:
         # An epoch-owned pool's queues and locks are named semaphores in /dev/shm while
         # referenced: let them go with the epoch, not with the loader.
         pool, self._pool = self._pool, None
+        self.ready.set()
         if pool is not None and self._owned:
             await run_in_thread(pool.shutdown, "asyncloader-reaper")
 

@@ -183,6 +183,11 @@ class RayWorkers:
                 failure.reraise()
 
     @property
+    def processes(self) -> list[Any]:
+        """None of this machine's: the workers are Ray actors."""
+        return []
+
+    @property
     def broken(self) -> bool:
         return bool(self._dead)
 

@@ -313,3 +313,25 @@ def test_an_iterable_longer_than_its_len_warns_once_len_was_asked(batch_size):
     assert "LongerThanItsLen" in message
     assert "was reported to be 4 (when accessing len(AsyncLoader)" in message
     assert f"but {expected + 1} {unit} have been fetched." in message
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(fetch_in_workers=True), dict(persistent_workers=True)], ids=str
+)
+def test_an_iterators_workers_are_its_epochs_worker_processes(kw):
+    """DataLoader's ``iterator._workers``, which code written for DataLoader reads: the
+    epoch's worker processes, alive once it is read (it waits for them to start) and exited
+    with code 0 once the loader is closed."""
+    loader = AsyncLoader(SyncSource(16), batch_size=2, num_workers=2, **kw)
+    it = iter(loader)
+    workers = it._workers
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    assert len(list(it)) == 8
+    loader.close()
+    for w in workers:
+        w.join(10)
+        assert not w.is_alive() and w.exitcode == 0
+
+
+def test_an_iterator_without_worker_processes_has_none():
+    assert iter(AsyncLoader(SyncSource(4)))._workers == []
