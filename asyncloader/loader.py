@@ -465,6 +465,9 @@ class AsyncLoader(Generic[T_co]):
         epoch.scheduled()
         it = SyncIterator(epoch, self._options.timeout, self._loop_thread, owner=self)
         self._iterators.add(it)
+        # As StatefulDataLoader's iter(): the workers' iterations are open when it returns,
+        # so a state_dict() then holds what their __iter__ made, kept or dropped iterator.
+        epoch.settle_source()
         return it
 
     def close(self) -> None:

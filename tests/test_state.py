@@ -364,3 +364,13 @@ def test_state_dict_after_an_epoch_closed_at_once_does_not_wait():
         it = iter(loader)
         it.close()
         assert loader.state_dict()["next_batch"] == 0
+
+
+def test_iter_returns_once_the_workers_opened_their_iterations():
+    """As StatefulDataLoader's: with workers iterating the source, iter() returns once each
+    has opened its iteration, so the state holds what their __iter__ made even when the
+    iterator is dropped at once (which stops the epoch)."""
+    loader = AsyncLoader(CountedIter(6), batch_size=4, num_workers=2, fetch_in_workers=True)
+    iter(loader)
+    workers = loader.state_dict()["_snapshot"]["_worker_snapshots"]
+    assert [w["dataset_state"] for w in workers.values()] == [{"iter_calls": 1}] * 2

@@ -18,7 +18,6 @@ _SD = "test_state_dict.py::"
 
 #: The reasons, each a documented difference (README, "Compatibility").
 PRIVATE = "reads DataLoader's private attributes ({})"
-STATE_FORMAT = "reads StatefulDataLoader's own state format (_snapshot, dataset_state keys)"
 PREFETCHED_GETITEM = (
     "num_workers=0: __getitem__ runs ahead of the consumer in a loader thread, so its draws "
     "from torch's global RNG are not where a checkpoint is taken (use workers or seed_per_sample)"
@@ -27,17 +26,8 @@ DATAPIPES = "IterDataPipe shuffle settings (DataPipes are deprecated in torch) a
 
 EXPECTED_FAILURES: dict[str, str] = {
     **{
-        f"{_DL}{cls}::{test}": reason
+        f"{_DL}{cls}::test_multiprocessing_iterdatapipe": DATAPIPES
         for cls in ("TestDataLoader", "TestDataLoaderPersistentWorkers")
-        for test, reason in {
-            "test_bulk_loading_nobatch": PRIVATE.format("_auto_collation"),
-            "test_partial_workers": PRIVATE.format("the iterator's _workers"),
-            "test_iterable_style_dataset": (
-                "expects DataLoader's warning once an IterableDataset yields more than its "
-                f"len(), which asyncloader does not give; then {PRIVATE.format('_workers')}"
-            ),
-            "test_multiprocessing_iterdatapipe": DATAPIPES,
-        }.items()
     },
     f"{_DL}IntegrationTestDataLoaderDataPipe::test_shuffler_iterdatapipe": (
         f"{DATAPIPES}; {PRIVATE.format('_iterator')}"
@@ -54,21 +44,6 @@ EXPECTED_FAILURES: dict[str, str] = {
         "a worker_init_fn error is raised by the first next(), not by iter(): workers start "
         "in the background (DataLoader also raises it at the first batch)"
     ),
-    f"{_SD}TestInitialState_shard0::test_initial_state": STATE_FORMAT,
-    f"{_SD}TestInitialState_shard0::test_load_state_after_initial_state_dict": STATE_FORMAT,
-    f"{_SD}TestDynamicStateIterableDataset_shard0::test": STATE_FORMAT,
-    f"{_SD}TestDatasetIteratorStateDuplication_shard0::test": STATE_FORMAT,
-    **{
-        f"{_SD}TestSingleIterCalled_shard0::{test}": STATE_FORMAT
-        for test in ("test_inline", "test_inline_iter", "test_mp", "test_mp_iter")
-    },
-    **{
-        f"{_SD}TestOutOfOrderWithCheckpointing::{test}": STATE_FORMAT
-        for test in (
-            "test_out_of_order_iterable_ds_no_completed_workers",
-            "test_out_of_order_iterable_ds_one_completed_worker",
-        )
-    },
 }
 
 TIMING = " (whether it fails depends on thread timing: it passes on some runs)"
