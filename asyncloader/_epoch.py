@@ -162,7 +162,7 @@ class Epoch:
             self._length = LengthCheck(
                 reported_len,
                 options.dataset,
-                options.batch_size is not None,
+                options.batch_size not in (None, 1),
                 options.worker_streams,
                 options.loader_name,
             )

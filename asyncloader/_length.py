@@ -27,6 +27,7 @@ class LengthCheck:
     def __init__(
         self, reported: ReportedLength, dataset: Any, batched: bool, in_workers: bool, name: str
     ) -> None:
+        """``batched``: batches hold more than one sample (the count is of batches then)."""
         self._reported = reported
         self._dataset = dataset
         self._unit = "batches" if batched else "samples"

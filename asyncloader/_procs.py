@@ -314,6 +314,11 @@ class WorkerGroup:
         return True
 
     def _died(self, i: int) -> None:
+        with self._lock:
+            if self._closing:
+                # shutdown() reaps it: two threads reading one forkserver sentinel race, and
+                # the loser would record exit code 255 for a worker that exited with 0
+                return
         proc = self._procs[i]
         proc.join()
         with self._lock:

@@ -291,15 +291,15 @@ class LongerThanItsLen(torch.utils.data.IterableDataset):
         return 4
 
 
-@pytest.mark.parametrize("batch_size", [None, 2])
+@pytest.mark.parametrize("batch_size", [None, 1, 2])
 def test_an_iterable_longer_than_its_len_warns_once_len_was_asked(batch_size):
     """As DataLoader: no warning unless len(loader) was called before the epoch began; then
     each batch past that length warns, naming the length and what was fetched."""
-    unit = "samples" if batch_size is None else "batches"
+    unit = "batches" if batch_size == 2 else "samples"
     loader = AsyncLoader(LongerThanItsLen(), batch_size=batch_size)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(list(loader)) == (6 if batch_size is None else 3)
+        assert len(list(loader)) == (3 if batch_size == 2 else 6)
     expected = len(loader)
     it = iter(loader)
     with warnings.catch_warnings():
@@ -316,7 +316,14 @@ def test_an_iterable_longer_than_its_len_warns_once_len_was_asked(batch_size):
 
 
 @pytest.mark.parametrize(
-    "kw", [dict(), dict(fetch_in_workers=True), dict(persistent_workers=True)], ids=str
+    "kw",
+    [
+        dict(),
+        dict(fetch_in_workers=True),
+        dict(fetch_in_workers=True, mp_context="forkserver"),
+        dict(persistent_workers=True),
+    ],
+    ids=str,
 )
 def test_an_iterators_workers_are_its_epochs_worker_processes(kw):
     """DataLoader's ``iterator._workers``, which code written for DataLoader reads: the
