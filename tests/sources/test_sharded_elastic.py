@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from asyncloader import AsyncLoader
 from asyncloader.sources import Retry, ShardedSource
 from tests.helpers import as_worker, shard_set
 
@@ -248,3 +249,133 @@ def test_streams_states_that_disagree_are_refused(paths, change, match):
 def test_distributed_tail_is_checked(paths):
     with pytest.raises(ValueError, match="distributed_tail must be 'pad' or 'drop', got 'wrap'"):
         make(paths, 0, 1, distributed_tail="wrap")
+
+
+# Through the loader, with real workers.
+
+
+def loader(paths, rank, world, workers=0, **kwargs):
+    return AsyncLoader(
+        make(paths, None, None, **kwargs),
+        batch_size=2,
+        collate_fn=list,
+        distributed=True,
+        rank=rank,
+        world_size=world,
+        num_workers=workers,
+        fetch_in_workers=bool(workers),
+    )
+
+
+def keys(batch):
+    return [s["__key__"] for s in batch]
+
+
+def interrupted(make_loader, world, steps):
+    """Every rank of ``world`` runs epoch 0, then takes ``steps`` batches of epoch 1: the
+    keys taken, and rank 0's state (through JSON)."""
+    taken, state = [], None
+    for rank in range(world):
+        with contextlib.closing(make_loader(rank, world)) as ld:
+            list(ld)
+            it = iter(ld)
+            for _ in range(steps):
+                taken += keys(next(it))
+            state = state or json.loads(json.dumps(ld.state_dict()))
+            it.close()
+    return taken, state
+
+
+def epochs(make_loader, world, n, state=None):
+    """rank -> epoch -> batches of ``n`` epochs (after loading ``state``)."""
+    out = []
+    for rank in range(world):
+        with contextlib.closing(make_loader(rank, world)) as ld:
+            if state is not None:
+                ld.load_state_dict(state)
+            out.append([[keys(b) for b in ld] for _ in range(n)])
+    return out
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "steps", "workers", "shuffle", "counts"),
+    [
+        (4, 2, 3, 0, True, SIZES),
+        (4, 3, 3, 0, False, None),
+        (2, 5, 2, 0, True, None),
+        (2, 5, 2, 0, False, SIZES),
+        (4, 2, 3, 2, True, None),
+        (4, 3, 3, 2, True, SIZES),
+        (2, 5, 2, 2, False, SIZES),
+    ],
+)
+def test_elastic_resume_through_the_loader_gives_what_was_left_each_once(
+    paths, old, new, steps, workers, shuffle, counts
+):
+    """Sizes where the remainder splits evenly: old ranks' batches and the new ranks' are the
+    epoch once, every new rank makes the same steps, and the next epoch is a fresh job's."""
+
+    def make_loader(rank, world):
+        return loader(paths, rank, world, workers, shuffle=shuffle, counts=counts)
+
+    taken, state = interrupted(make_loader, old, steps)
+    after = epochs(make_loader, new, 2, state)
+    rest = [k for rank in after for b in rank[0] for k in b]
+    assert sorted(taken + rest) == ALL
+    assert len({len(rank[0]) for rank in after}) == 1
+    fresh = epochs(make_loader, new, 3)
+    assert [rank[1] for rank in after] == [rank[2] for rank in fresh]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_two_elastic_resumes_through_the_loader(paths, workers):
+    """4 ranks, then 3, then 2: each sample once; at 3, a resume at 3 is batch for batch."""
+
+    def make_loader(rank, world):
+        return loader(paths, rank, world, workers)
+
+    taken, state = interrupted(make_loader, 4, 3)
+    loaders = [make_loader(rank, 3) for rank in range(3)]
+    try:
+        for ld in loaders:
+            ld.load_state_dict(state)
+        its = [iter(ld) for ld in loaders]
+        for it in its:
+            taken += keys(next(it)) + keys(next(it))
+        second = json.loads(json.dumps(loaders[1].state_dict()))
+        rest_at_3 = [[keys(b) for b in it] for it in its]
+    finally:
+        for ld in loaders:
+            ld.close()
+    assert [rank[0] for rank in epochs(make_loader, 3, 1, second)] == rest_at_3
+    rest = [k for rank in epochs(make_loader, 2, 1, second) for b in rank[0] for k in b]
+    assert sorted(taken + rest) == ALL
+
+
+def test_elastic_resume_may_change_the_placement(paths):
+    """Saved by 4 ranks iterating in 2 workers each, resumed by 2 ranks iterating in this
+    process: the position is the rank's, not the workers'."""
+    taken, state = interrupted(lambda r, w: loader(paths, r, w, 2), 4, 3)
+    rest = [k for rank in epochs(lambda r, w: loader(paths, r, w), 2, 1, state)
+            for b in rank[0] for k in b]  # fmt: skip
+    assert sorted(taken + rest) == ALL
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_between_epochs_a_state_moves_to_another_world_size(paths, workers):
+    """A state saved after an epoch's end at 2 ranks: at 3, the next epoch is a fresh job's."""
+    with contextlib.closing(loader(paths, 0, 2, workers)) as ld:
+        list(ld)
+        state = json.loads(json.dumps(ld.state_dict()))
+    after = epochs(lambda r, w: loader(paths, r, w, workers), 3, 1, state)
+    fresh = epochs(lambda r, w: loader(paths, r, w, workers), 3, 2)
+    assert [rank[0] for rank in after] == [rank[1] for rank in fresh]
+
+
+def test_an_out_of_order_position_does_not_move_to_another_world_size(paths):
+    _, state = interrupted(lambda r, w: loader(paths, r, w), 2, 1)
+    with (
+        contextlib.closing(loader(paths, 0, 3)) as ld,
+        pytest.raises(ValueError, match="in_order=True"),
+    ):
+        ld.load_state_dict({**state, "delivered_beyond": [3]})
