@@ -379,3 +379,17 @@ def test_an_out_of_order_position_does_not_move_to_another_world_size(paths):
         pytest.raises(ValueError, match="in_order=True"),
     ):
         ld.load_state_dict({**state, "delivered_beyond": [3]})
+
+
+def test_a_loader_state_from_before_moves_only_without_workers(paths):
+    """A state without the loader's "distributed" record (saved before it): a single stream
+    per rank moves; one worker's stream of several cannot, and says so at the first batch."""
+    taken, state = interrupted(lambda r, w: loader(paths, r, w), 4, 3)
+    del state["distributed"]
+    rest = [k for rank in epochs(lambda r, w: loader(paths, r, w), 2, 1, state)
+            for b in rank[0] for k in b]  # fmt: skip
+    assert sorted(taken + rest) == ALL
+    _, state = interrupted(lambda r, w: loader(paths, r, w, 2), 4, 3)
+    del state["distributed"]
+    with pytest.raises(ValueError, match="its rank's other workers"):
+        epochs(lambda r, w: loader(paths, r, w, 2), 2, 1, state)
