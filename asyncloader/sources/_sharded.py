@@ -397,7 +397,8 @@ class ShardedSource(ClientSource):
         """This rank's samples; inside a worker of ``fetch_in_workers=True``, only the worker's
         part (equal sample counts, see :mod:`._shardplan`), shuffled with its own RNG."""
         rank, world = resolve_ranks(self._rank, self._world)
-        start, initial, split, tail = 0, self._initial, "samples", self._tail
+        start, split, tail = 0, "samples", self._tail
+        initial: int | None = self._initial
         history: list[Cut] = []
         if self._position is not None and self._loaded:
             pos = self._position

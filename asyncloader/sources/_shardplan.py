@@ -49,15 +49,15 @@ class Slice(NamedTuple):
 
 
 class Run(NamedTuple):
-    """The samples of shard ``shard`` in a sequence to split: ``count`` of them, ``0, 1, ...``
-    or, with ``picks``, those indices (sorted)."""
+    """The samples of shard ``shard`` in a sequence to split: ``length`` of them, ``0, 1,
+    ...`` or, with ``picks``, those indices (sorted)."""
 
     shard: int
-    count: int
+    length: int
     picks: tuple[int, ...] | None = None
 
     def indices(self) -> Sequence[int]:
-        return range(self.count) if self.picks is None else self.picks
+        return range(self.length) if self.picks is None else self.picks
 
 
 def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -125,7 +125,7 @@ def split(
     runs: Sequence[Run], rank: int, world_size: int, worker: int, workers: int, tail: str
 ) -> list[Slice]:
     """Part ``worker`` of ``workers`` of rank ``rank``'s share of ``runs`` laid end to end."""
-    total = sum(run.count for run in runs)
+    total = sum(run.length for run in runs)
     per = share(total, world_size, tail)
     lo = rank * per
     lo, hi = lo + worker * per // workers, lo + (worker + 1) * per // workers
@@ -142,7 +142,7 @@ def _within(runs: Sequence[Run], lo: int, hi: int) -> list[Slice]:
     """The slices of samples ``[lo, hi)`` of ``runs`` laid end to end."""
     slices, start = [], 0
     for run in runs:
-        end = start + run.count
+        end = start + run.length
         first, last = max(lo, start), min(hi, end)
         if first < last:
             slices.append(Slice(run.shard, first - start, last - first, run.picks))
