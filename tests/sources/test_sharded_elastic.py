@@ -13,6 +13,7 @@ import pytest
 from asyncloader import AsyncLoader
 from asyncloader.sources import Retry, ShardedSource
 from tests.helpers import as_worker, shard_set
+from tests.servers import Faults
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -220,6 +221,18 @@ def test_only_the_read_past_samples_are_undecoded(paths):
     source = make(paths, 0, 2, decode=decode)
     keys, _ = stream(source, state=source.elastic_state(states))
     assert sorted(decoded) == sorted(keys)
+
+
+def test_a_cut_read_over_http_with_faults_gives_the_same_samples(paths, http_server):
+    """Over HTTP with 503s and resets mid-shard, the new streams' reads of picked samples
+    resume where they broke: the same samples as from files."""
+    _, states = stopped(paths, 4, 2, some)
+    shards = shard_set(len(SIZES), SIZES)
+    server = http_server(shards, Faults(rates={"503": 0.2, "reset": 0.1}, seed=3))
+    urls = [server.url(name) for name in shards]
+    assert resumed(urls, 3, 2, states) == resumed(paths, 3, 2, states)
+    faults = {r.fault for r in server.requests}
+    assert {"503", "reset"} <= faults, faults
 
 
 def test_a_lone_workers_state_at_another_size_is_refused(paths):
