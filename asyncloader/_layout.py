@@ -25,6 +25,9 @@ from typing import Any
 
 from asyncloader._options import Options
 
+#: The keys that hold a source's own state, in any readable version.
+SOURCE_KEYS = ("source_state", "dataset_state", "fetcher_state", "_snapshot")
+
 
 def placed(source_state: Any, options: Options) -> dict[str, Any]:
     """The keys that hold ``source_state`` (asyncloader's form) in a saved state."""

@@ -21,11 +21,13 @@ from typing import Any
 
 import torch
 
-from asyncloader._layout import taken
+from asyncloader._layout import SOURCE_KEYS, placed, taken
 from asyncloader._options import Options
 from asyncloader._rank_sampler import Cut, per_rank, remainder_len
+from asyncloader.sources._shardplan import resolve_ranks
 
-#: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder);
+#: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder;
+#: for an iterable source, the world size only: it keeps its position itself);
 #: 4 moved ``source_state`` to StatefulDataLoader's places (:mod:`asyncloader._layout`).
 STATE_VERSION = 4
 _READABLE = (2, 3, 4)
@@ -130,10 +132,13 @@ def fingerprint(options: Options) -> dict:
 
 
 def ranks_state(options: Options, cuts: tuple[Cut, ...]) -> dict[str, Any]:
-    """``{"distributed": ...}`` for the loader's own rank sampler, else ``{}``: what the
-    epoch's global order depends on, and the interruptions whose remainder it is."""
+    """``{"distributed": ...}`` for the loader's own rank sampler: what the epoch's global
+    order depends on, and the interruptions whose remainder it is; for an iterable source
+    with ``distributed=True``, the world size its position was saved at; else ``{}``."""
     sampler = options.own_sampler
     if sampler is None:
+        if options.distributed and not options.kind.is_map:
+            return {"distributed": {"world_size": _world_size(options)}}
         return {}
     return {
         "distributed": {
@@ -153,7 +158,8 @@ def check_state(state: Any, options: Options) -> None:
     Raises:
         TypeError: ``state`` is not a dict.
         ValueError: Another version, or saved with another batch size or world size (one
-            of the loader's own rank sampler may differ), dataset length, seed or shuffle.
+            of the loader's own rank sampler, or of an iterable source with
+            ``elastic_state``, may differ), dataset length, seed or shuffle.
     """
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from state_dict(), got {type(state).__qualname__}")
@@ -162,7 +168,8 @@ def check_state(state: Any, options: Options) -> None:
             f"state version={state.get('version')!r} is not one of {_READABLE}: it was not "
             "saved by this asyncloader"
         )
-    _check_placement(state, options)
+    if not _source_moves(state, options):
+        _check_placement(state, options)
     elastic = _check_ranks(state, options)
     for name, now in fingerprint(options).items():
         saved = state.get(name)
@@ -179,6 +186,10 @@ def _check_ranks(state: dict, options: Options) -> bool:
     saved, now = state.get("distributed"), ranks_state(options, ()).get("distributed")
     if saved is None or now is None:
         return False
+    if options.own_sampler is None:  # an iterable source's
+        if _source_moves(state, options):
+            _check_in_order(state, saved["world_size"], now["world_size"])
+        return False
     for name, what in (
         ("dataset_len", "a dataset of"),
         ("seed", "seed"),
@@ -189,19 +200,40 @@ def _check_ranks(state: dict, options: Options) -> bool:
                 f"state was saved for {what} {saved[name]}, this loader has {what} {now[name]}: "
                 "its order would not be the one the state continues"
             )
-    if saved["world_size"] != now["world_size"] and state.get("delivered_beyond"):
-        raise ValueError(
-            f"state was saved at world_size={saved['world_size']} with batches delivered out "
-            f"of order ({state['delivered_beyond']}); at world_size={now['world_size']} only "
-            "an in-order position carries over: save with in_order=True"
-        )
+    if saved["world_size"] != now["world_size"]:
+        _check_in_order(state, saved["world_size"], now["world_size"])
     return True
+
+
+def _check_in_order(state: dict, saved: int, now: int) -> None:
+    if state.get("delivered_beyond"):
+        raise ValueError(
+            f"state was saved at world_size={saved} with batches delivered out of order "
+            f"({state['delivered_beyond']}); at world_size={now} only an in-order position "
+            "carries over: save with in_order=True"
+        )
+
+
+def _world_size(options: Options) -> int:
+    return resolve_ranks(options.rank, options.world_size)[1]
+
+
+def _source_moves(state: dict, options: Options) -> bool:
+    """An iterable source that continues its epoch at another world size itself (it has
+    ``elastic_state``, as ShardedSource) gets a state saved at another world size."""
+    saved = state.get("distributed")
+    elastic = callable(getattr(options.dataset, "elastic_state", None))
+    if saved is None or not elastic or options.kind.is_map or not options.distributed:
+        return False
+    return bool(saved["world_size"] != _world_size(options))
 
 
 def rebase(state: dict, options: Options) -> dict:
     """``state`` as this loader's world size sees it (elastic resume, see
     :mod:`asyncloader._rank_sampler`): saved at another world size, the batches every rank
     took become one more cut of the epoch, whose remainder this loader's ranks split."""
+    if _source_moves(state, options):
+        return _rebase_source(state, options)
     saved, sampler = state.get("distributed"), options.own_sampler
     if saved is None or sampler is None or saved["world_size"] == sampler.world_size:
         return state
@@ -222,6 +254,35 @@ def rebase(state: dict, options: Options) -> dict:
         "next_batch": 0,
         "delivered_beyond": [],
         "distributed": ranks,
+    }
+
+
+def _rebase_source(state: dict, options: Options) -> dict:
+    """An iterable source's state saved at another world size: its streams' own states (one,
+    or one per worker with ``fetch_in_workers``) become the one state with which each of
+    this loader's streams, in this placement, continues the epoch (the source's
+    ``elastic_state``). The batch count goes on: it numbers the epoch's steps."""
+    saved = taken(state) or {}
+    if "per_worker" in saved:
+        streams = [(w["state"] or {}).get("dataset") for w in saved["per_worker"]]
+    else:
+        streams = [saved.get("dataset")]
+    kept = None
+    if any(s is not None for s in streams):
+        kept = {"dataset": options.dataset.elastic_state(streams), "iterator": None}
+    source: Any = kept
+    if options.worker_streams:
+        source = fresh_state(options.num_workers)
+        for worker in source["per_worker"]:
+            worker["state"] = copy.deepcopy(kept)
+    world = _world_size(options)
+    kept_keys = {k: v for k, v in state.items() if k not in SOURCE_KEYS}
+    return {
+        **kept_keys,
+        **placed(source, options),
+        "version": STATE_VERSION,
+        "delivered_beyond": [],
+        "distributed": {**state["distributed"], "world_size": world},
     }
 
 

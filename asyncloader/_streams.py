@@ -63,8 +63,9 @@ async def worker_stream_batches(
     ahead: list[deque[asyncio.Future[Any]]] = [deque() for _ in range(n)]
 
     epoch = start.number if options.distributed else None
+    resumed = bool(start.resume.start or start.resume.skip)
     openings = [
-        StreamOpen(token, start.seed + w, worker["delivered"], worker["state"], epoch)
+        StreamOpen(token, start.seed + w, worker["delivered"], worker["state"], epoch, resumed)
         for w, worker in enumerate(workers)
     ]
 

@@ -88,6 +88,9 @@ class StreamOpen:
     delivered: int  # batches of this worker the consumer already has
     state: Any  # the source's own state after those batches, or None (then replayed)
     epoch: int | None = None  # distributed=True: told to the source's set_epoch first
+    #: The epoch is resumed mid-way (a worker that delivered nothing yet may hold a state of
+    #: it: one moved from another world size), so ``state`` is loaded after ``set_epoch``.
+    resumed: bool = False
 
 
 class _Stream:
@@ -277,11 +280,12 @@ class WorkerCore:
             # as _start.start_epoch: mid-epoch the loaded position wins, at the start the epoch
             set_epoch = getattr(dataset, "set_epoch", None)
             tell = opening.epoch is not None and callable(set_epoch)
-            if tell and opening.delivered:
+            mid_epoch = bool(opening.delivered) or opening.resumed
+            if tell and mid_epoch:
                 set_epoch(opening.epoch)
             if saved.get("dataset") is not None:
                 dataset.load_state_dict(saved["dataset"])
-            if tell and not opening.delivered:
+            if tell and not mid_epoch:
                 set_epoch(opening.epoch)
             iterator = aiter(dataset) if self._is_async else iter(dataset)
             if saved.get("iterator") is not None:

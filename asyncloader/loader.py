@@ -177,7 +177,8 @@ class AsyncLoader(Generic[T_co]):
             itself and is told the epoch (``set_epoch``). An iterable source partitions
             itself: it is told its place once (``set_rank(rank, world_size)``) and each epoch
             (``set_epoch(epoch)``, in the workers too with ``fetch_in_workers``) when it has
-            those methods, as ``ShardedSource`` does.
+            those methods, as ``ShardedSource`` does; with ``elastic_state`` too, as
+            ``ShardedSource``, its position resumes at another world size.
         rank, world_size: With ``distributed``: this process's place; default
             ``torch.distributed``'s when initialised at an epoch's start (so the loader may
             be built before ``init_process_group``), else a single rank.
@@ -447,6 +448,10 @@ class AsyncLoader(Generic[T_co]):
         rank took; the new ranks split what the epoch had still to give among themselves,
         each sample once, and the next epoch is the one a fresh job at the new size has.
         Only an in-order position carries over (no batch delivered ahead of a missing one).
+        An iterable source with ``elastic_state`` (``ShardedSource``) moves too: its
+        streams' states (one per worker with ``fetch_in_workers``) become the one each new
+        stream loads, so ``num_workers`` and ``fetch_in_workers`` may differ as well; the
+        batch count goes on from the saved one.
 
         Raises:
             TypeError: ``state`` is not a dict.

@@ -9,7 +9,8 @@
                          shuffle buffer (≤ shuffle_buffer samples) ─► loader
 
 The order depends only on (seed, epoch, rank), so :meth:`ShardedSource.load_state_dict`
-can resume an epoch exactly. Memory bound: at most ``shuffle_buffer + (2 * DEPTH + 2) *
+can resume an epoch exactly; at another world size, the new ranks split what the old ones
+had left (:mod:`._remainder`). Memory bound: at most ``shuffle_buffer + (2 * DEPTH + 2) *
 shard_concurrency`` samples are held (see :mod:`._stream`), plus one chunk per reader.
 A reader whose stream breaks resumes at the tar header after the last whole member (a Range
 read), so no member is lost or read twice; see :mod:`._retry` for the budget.
@@ -38,14 +39,17 @@ from asyncloader.sources._http import HTTPClient
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, ClientSource, check_common
 from asyncloader.sources._objectstore import StoreClient
 from asyncloader.sources._redact import redact_url, url_secrets
+from asyncloader.sources._remainder import Cut, Streams, moved_state, read_picks, remainder_plan
 from asyncloader.sources._retry import Attempts, Retry, describe_cause
 from asyncloader.sources._shardplan import (
     Slice,
     check_ranks,
+    check_tail,
     parse_counts,
     per_rank,
     plan,
     resolve_ranks,
+    shard_order,
 )
 from asyncloader.sources._skips import Skips
 from asyncloader.sources._stream import SKIPPED_POSITION, Position, ShardStream
@@ -125,6 +129,10 @@ class ShardedSource(ClientSource):
             order, so the order depends on seed, epoch and rank only, never on timing.
         rank, world_size: This process's place among the ranks; default torch.distributed's
             when initialised, else a single rank.
+        distributed_tail: When the samples (of an epoch, or what an interrupted one had left)
+            do not split evenly across ranks: ``"drop"`` (default) leaves fewer than
+            ``world_size`` out, each sample at most once; ``"pad"`` repeats the head to make
+            equal shares, every sample at least once, fewer than ``world_size`` twice.
         decode: ``fn(sample dict) -> sample``, run on the event loop.
         storage_options, headers, timeout, retry, max_connections: As for
             :class:`ObjectStoreSource` and :class:`HTTPSource`.
@@ -139,7 +147,8 @@ class ShardedSource(ClientSource):
 
     Rank rule: shards are shuffled with ``seed`` and the epoch, laid end to end, and rank
     ``r`` takes samples ``[r * per, (r + 1) * per)`` with ``per = total // world_size``: equal
-    counts, no sample on two ranks, at most ``world_size - 1`` left out per epoch.
+    counts, no sample on two ranks, at most ``world_size - 1`` left out per epoch (with
+    ``distributed_tail="pad"``, ``per`` rounds up and the head is repeated instead).
     """
 
     def __init__(
@@ -155,6 +164,7 @@ class ShardedSource(ClientSource):
         shard_concurrency: int = 4,
         rank: int | None = None,
         world_size: int | None = None,
+        distributed_tail: str = "drop",
         decode: Callable[[dict[str, Any]], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
@@ -196,6 +206,7 @@ class ShardedSource(ClientSource):
             raise ValueError(f"rank and world_size go together, got {rank=} and {world_size=}")
         if rank is not None and world_size is not None:
             check_ranks(rank, world_size)
+        check_tail(distributed_tail)
         if on_error == "skip" and self._counts is None:
             raise ValueError("on_error='skip' needs samples_per_shard, to count what it skips")
         self._skips = Skips(on_error, max_skipped)
@@ -210,7 +221,7 @@ class ShardedSource(ClientSource):
         self._seed, self._shuffle, self._epoch = seed, bool(shuffle), 0
         self._buffer_size, self._concurrency = shuffle_buffer, shard_concurrency
         self._initial = shuffle_initial
-        self._rank, self._world = rank, world_size
+        self._rank, self._world, self._tail = rank, world_size, distributed_tail
         self._decode, self._retry = decode, retry
         self._max_member = max_object_size
         self._position: Position | None = None  # of the current (or a loaded) iteration
@@ -241,18 +252,20 @@ class ShardedSource(ClientSource):
         self._epoch = int(epoch)
         self._position, self._loaded = None, False
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """Where this rank is in the epoch: ``{"epoch", "yielded", "rank", "world_size",
-        "shuffle_initial"}``.
+        "shuffle_initial", "worker_split", "distributed_tail", "history"}``.
 
         ``yielded`` counts the samples handed out by the current (or next) iteration,
-        skipped ones included; ``shuffle_initial`` is the one that iteration's order follows.
-        Valid between any two samples; JSON-friendly.
+        skipped ones included; ``shuffle_initial``, ``worker_split`` and ``distributed_tail``
+        are the rules that iteration's order follows; ``history`` lists the epoch's
+        interruptions at other world sizes (see :mod:`._remainder`), whose remainder the
+        iteration goes over. Valid between any two samples; JSON-friendly.
         """
         pos = self._position
         if pos is None:
             rank, world = resolve_ranks(self._rank, self._world)
-            pos = Position(self._epoch, rank, world, initial=self._initial)
+            pos = Position(self._epoch, rank, world, initial=self._initial, tail=self._tail)
         return {
             "epoch": pos.epoch,
             "yielded": pos.yielded,
@@ -260,88 +273,152 @@ class ShardedSource(ClientSource):
             "world_size": pos.world_size,
             "shuffle_initial": pos.initial,
             "worker_split": pos.worker_split,
+            "distributed_tail": pos.tail,
+            "history": [cut.as_state() for cut in pos.history],
         }
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Makes the next iteration continue ``state``'s epoch at its sample ``yielded``.
 
-        The order that follows is the one the uninterrupted epoch had. With
-        ``samples_per_shard`` only what is still needed is read again (see :mod:`._stream`);
-        without it, the epoch is read from its start and the first samples dropped.
+        The same world size: the order that follows is the one the uninterrupted epoch had.
+        With ``samples_per_shard`` only what is still needed is read again (see
+        :mod:`._stream`); without it, the epoch is read from its start and the first samples
+        dropped. Ranks step together and every rank (and each of its workers) holds the same
+        number of samples, so a state saved by any rank continues this rank's part of the
+        epoch at the same place.
 
-        Ranks step together and every rank (and each of its workers) holds the same number
-        of samples, so a state saved by any rank of the same world size continues this
-        rank's part of the epoch at the same place.
+        Another world size (a state from a single iteration per rank): as
+        ``load_state_dict(elastic_state([state]))``.
 
         Raises:
-            ValueError: ``state`` is for another world size, or past the epoch's end.
+            ValueError: ``state`` is past the epoch's end, or is one worker's (of several) at
+                another world size: it does not say where its rank's other workers were.
         """
         rank, world = resolve_ranks(self._rank, self._world)
-        if state["world_size"] != world:
-            raise ValueError(
-                f"state was saved by rank {state['rank']} of {state['world_size']}, this source "
-                f"is rank {rank} of {world}: a position moves to another world size only "
-                "between epochs"
-            )
+        if int(state["world_size"]) != world:
+            worker, workers = _worker_part()
+            if workers > 1:
+                raise ValueError(
+                    f"state was saved by rank {state['rank']} of {state['world_size']}, this "
+                    f"is worker {worker} of {workers} of rank {rank} of {world}: one stream's "
+                    "position does not say where its rank's other workers were; load the "
+                    "loader's state_dict() (or elastic_state() of every worker's state)"
+                )
+            state = self.elastic_state([state])
+        history = [Cut.from_state(cut) for cut in state.get("history", ())]
+        tail = str(state.get("distributed_tail", "drop"))  # before it, ranks always dropped
+        check_tail(tail)
         yielded = int(state["yielded"])
-        if yielded < 0 or (self._counts is not None and yielded > per_rank(self._counts, world)):
+        whole = None if history or self._counts is None else per_rank(self._counts, world, tail)
+        if yielded < 0 or (whole is not None and yielded > whole):
             raise ValueError(f"state yielded={yielded} is outside this rank's epoch")
         self._epoch = int(state["epoch"])
         # A state without shuffle_initial predates it: its buffer filled before the first draw.
         initial = min(int(state.get("shuffle_initial", self._buffer_size)), self._buffer_size)
         split = state.get("worker_split", "slices")  # before it, workers took every n-th slice
-        self._position = Position(self._epoch, rank, world, yielded, initial, split)
+        self._position = Position(self._epoch, rank, world, yielded, initial, split, tail, history)
         self._loaded = True
+
+    def elastic_state(self, states: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+        """The state with which this rank (every one of its workers) continues, at this
+        source's world size, an epoch that a rank of another world size had reached.
+
+        ``states`` are that rank's streams' :meth:`state_dict` s, one per worker with
+        ``fetch_in_workers`` (in worker order; None for a worker that had handed out nothing),
+        else one. Any rank's will do: every rank's worker ``w`` stands at the same place.
+        ``AsyncLoader(distributed=True)`` calls this itself when it resumes at another world
+        size. The epoch's rule (:mod:`._remainder`): the new ranks split what every old
+        stream had not handed out, as a fresh epoch is split, with this source's
+        ``distributed_tail``.
+
+        Raises:
+            ValueError: ``states`` is empty, or its states disagree on the epoch or the rules.
+        """
+        rank, world = resolve_ranks(self._rank, self._world)
+        return moved_state(states, self._buffer_size, rank, world, self._initial, self._tail)
 
     def slices(self, worker: int = 0, workers: int = 1) -> list[Slice]:
         """The shard slices this rank (its worker ``worker`` of ``workers``) reads in the
-        current epoch, in reading order."""
+        current epoch (what a loaded interrupted epoch had left), in reading order."""
+        pos = self._position
+        tail, history = (pos.tail, pos.history) if pos is not None else (self._tail, [])
+        return self._plan(worker, workers, "samples", tail, history)
+
+    def _plan(
+        self, worker: int, workers: int, split: str, tail: str, history: Sequence[Cut]
+    ) -> list[Slice]:
+        """A stream's slices: its part of this rank's share of the epoch, or of what
+        ``history``'s interruptions left of it."""
         rank, world = resolve_ranks(self._rank, self._world)
-        return plan(
-            self._counts,
-            len(self._urls),
-            seed=self._seed,
-            epoch=self._epoch,
-            shuffle=self._shuffle,
-            rank=rank,
-            world_size=world,
-            worker=worker,
-            workers=workers,
-        )
+        if not history:
+            if split == "slices":  # every n-th slice of the rank's (counts may be unknown)
+                return self._plan(0, 1, "samples", tail, history)[worker::workers]
+            return plan(
+                self._counts,
+                len(self._urls),
+                seed=self._seed,
+                epoch=self._epoch,
+                shuffle=self._shuffle,
+                rank=rank,
+                world_size=world,
+                worker=worker,
+                workers=workers,
+                tail=tail,
+            )
+        if self._counts is None:
+            raise ValueError(
+                "samples_per_shard (or count_samples()) is needed to split what an "
+                "interrupted epoch had left"
+            )
+        order = shard_order(len(self._urls), self._seed, self._epoch, self._shuffle)
+        size = self._buffer_size if self._shuffle else 1
+        streams = Streams(self._concurrency, size, self._rng)
+        where = (rank, world, worker, workers)
+        return remainder_plan(self._counts, order, history, streams, where, split, tail)
+
+    def _rng(self, rank: int, worker: int, workers: int, cuts: int) -> random.Random | None:
+        """The shuffle buffer's RNG of a stream of the current epoch (None: no shuffling)."""
+        if not self._shuffle:
+            return None
+        seed = f"{self._seed}:{self._epoch}:{rank}:samples"
+        if workers > 1:
+            seed += f":worker{worker}of{workers}"
+        if cuts:
+            seed += f":cut{cuts}"
+        return random.Random(seed)
 
     def __len__(self) -> int:
-        """Samples this rank yields per epoch (needs the shards' counts)."""
+        """Samples this rank yields per (whole) epoch (needs the shards' counts)."""
         if self._counts is None:
             raise TypeError("len() of a ShardedSource needs samples_per_shard or count_samples()")
-        return per_rank(self._counts, resolve_ranks(self._rank, self._world)[1])
+        return per_rank(self._counts, resolve_ranks(self._rank, self._world)[1], self._tail)
 
     def __aiter__(self) -> AsyncIterator[Any]:
         """This rank's samples; inside a worker of ``fetch_in_workers=True``, only the worker's
         part (equal sample counts, see :mod:`._shardplan`), shuffled with its own RNG."""
         rank, world = resolve_ranks(self._rank, self._world)
-        start, initial, split = 0, self._initial, "samples"
+        start, split, tail = 0, "samples", self._tail
+        initial: int | None = self._initial
+        history: list[Cut] = []
         if self._position is not None and self._loaded:
-            start, initial = self._position.yielded, self._position.initial
-            split = self._position.worker_split
+            pos = self._position
+            start, initial, split, tail = pos.yielded, pos.initial, pos.worker_split, pos.tail
+            history = list(pos.history)
         self._loaded = False
-        position = self._position = Position(self._epoch, rank, world, start, initial, split)
-        seed = f"{self._seed}:{self._epoch}:{rank}:samples"
+        position = Position(self._epoch, rank, world, start, initial, split, tail, history)
+        self._position = position
         worker, workers = _worker_part()
-        if workers > 1:
-            seed += f":worker{worker}of{workers}"
 
         def stream() -> ShardStream:
-            if workers > 1 and (split == "slices" or self._counts is None):
+            if workers > 1 and not history and self._counts is None:
                 position.worker_split = "slices"
-                slices = self.slices()[worker::workers]
-            else:
-                slices = self.slices(worker, workers)
-            rng = random.Random(seed) if self._shuffle else None
+            slices = self._plan(worker, workers, position.worker_split, tail, history)
+            rng = self._rng(rank, worker, workers, len(history))
             return ShardStream(
                 slices, self.items, rng, self._buffer_size, self._concurrency, position
             )
 
-        if self._counts is None and world > 1:
+        if self._counts is None and (world > 1 or history):
             return _AfterCounting(self.count_samples, stream)
         return stream()
 
@@ -422,7 +499,17 @@ class ShardedSource(ClientSource):
     ) -> AsyncGenerator[tuple[int, Any], None]:
         """``(i, sample)`` for the samples ``i`` of a slice with ``want(i)``, decoded; the others
         are read past undecoded. A skipped sample (``on_error="skip"``) comes as
-        ``SKIPPED_POSITION``."""
+        ``SKIPPED_POSITION``. A slice with ``picks`` reads its shard from its first pick to
+        its last, past the samples it does not pick."""
+        read = self._items(slc, want) if slc.picks is None else read_picks(self._items, slc, want)
+        async with contextlib.aclosing(read) as items:
+            async for item in items:
+                yield item
+
+    async def _items(
+        self, slc: Slice, want: Callable[[int], bool]
+    ) -> AsyncGenerator[tuple[int, Any], None]:
+        """:meth:`items` of a slice of consecutive samples."""
         i, failed = 0, False
         try:
             async with contextlib.aclosing(self.samples(slc)) as samples:

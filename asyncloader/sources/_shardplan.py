@@ -14,6 +14,13 @@ workers hold the same counts, and end with the same partial batches: every rank 
 same number of steps. Without counts (a single rank), worker ``w`` reads slices ``w, w + n,
 ...`` (``"slices"``, also the rule of states saved before this one).
 
+Tail (``distributed_tail``): ``"drop"`` (above) cuts the sequence to ``world * per``;
+``"pad"`` makes ``per = ceil(total / world)`` and extends the sequence to ``world * per`` by
+repeating its head, so every sample comes, fewer than ``world`` of them twice.
+
+The same rule splits what an interrupted epoch had left (:mod:`._remainder`): a sequence of
+*runs*, each a shard's remaining sample indices, laid end to end in the epoch's order.
+
 This needs the number of samples in each shard (``samples_per_shard``, or counted by reading
 the shards once); a single rank can do without (it reads every shard, whole).
 """
@@ -24,13 +31,33 @@ import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
+TAILS = ("drop", "pad")
+
 
 class Slice(NamedTuple):
-    """Samples ``[skip, skip + take)`` of shard ``shard`` (``take=None``: to its end)."""
+    """Samples ``[skip, skip + take)`` of shard ``shard`` (``take=None``: to its end); with
+    ``picks``, samples ``picks[skip:skip + take]`` (sorted) instead."""
 
     shard: int
     skip: int
     take: int | None
+    picks: tuple[int, ...] | None = None
+
+    def sample(self, k: int) -> int:
+        """The shard's index of the slice's ``k``-th sample."""
+        return self.skip + k if self.picks is None else self.picks[self.skip + k]
+
+
+class Run(NamedTuple):
+    """The samples of shard ``shard`` in a sequence to split: ``length`` of them, ``0, 1,
+    ...`` or, with ``picks``, those indices (sorted)."""
+
+    shard: int
+    length: int
+    picks: tuple[int, ...] | None = None
+
+    def indices(self) -> Sequence[int]:
+        return range(self.length) if self.picks is None else self.picks
 
 
 def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -62,6 +89,11 @@ def shard_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     return order
 
 
+def check_tail(tail: str) -> None:
+    if tail not in TAILS:
+        raise ValueError(f"distributed_tail must be 'pad' or 'drop', got {tail!r}")
+
+
 def plan(
     counts: Sequence[int] | None,
     n_shards: int,
@@ -73,6 +105,7 @@ def plan(
     world_size: int,
     worker: int = 0,
     workers: int = 1,
+    tail: str = "drop",
 ) -> list[Slice]:
     """The slices rank ``rank`` reads in ``epoch``, in reading order (see the module rule):
     worker ``worker`` of ``workers`` iterating its own copy reads part ``worker`` of them."""
@@ -84,22 +117,47 @@ def plan(
                 f"{world_size=} ranks with equal sample counts"
             )
         return [Slice(shard, 0, None) for shard in order][worker::workers]
-    per = sum(counts) // world_size
+    runs = [Run(shard, counts[shard]) for shard in order]
+    return split(runs, rank, world_size, worker, workers, tail)
+
+
+def split(
+    runs: Sequence[Run], rank: int, world_size: int, worker: int, workers: int, tail: str
+) -> list[Slice]:
+    """Part ``worker`` of ``workers`` of rank ``rank``'s share of ``runs`` laid end to end."""
+    total = sum(run.length for run in runs)
+    per = share(total, world_size, tail)
     lo = rank * per
     lo, hi = lo + worker * per // workers, lo + (worker + 1) * per // workers
+    slices: list[Slice] = []
+    while lo < hi:  # past the end only with "pad": the sequence's head again
+        first = lo % total
+        last = min(total, first + hi - lo)
+        slices += _within(runs, first, last)
+        lo += last - first
+    return slices
+
+
+def _within(runs: Sequence[Run], lo: int, hi: int) -> list[Slice]:
+    """The slices of samples ``[lo, hi)`` of ``runs`` laid end to end."""
     slices, start = [], 0
-    for shard in order:
-        end = start + counts[shard]
+    for run in runs:
+        end = start + run.length
         first, last = max(lo, start), min(hi, end)
         if first < last:
-            slices.append(Slice(shard, first - start, last - first))
+            slices.append(Slice(run.shard, first - start, last - first, run.picks))
         start = end
     return slices
 
 
-def per_rank(counts: Sequence[int], world_size: int) -> int:
+def share(total: int, world_size: int, tail: str) -> int:
+    """Samples each rank takes of ``total``."""
+    return -(-total // world_size) if tail == "pad" else total // world_size
+
+
+def per_rank(counts: Sequence[int], world_size: int, tail: str = "drop") -> int:
     """Samples each rank yields per epoch."""
-    return sum(counts) // world_size
+    return share(sum(counts), world_size, tail)
 
 
 def parse_counts(samples_per_shard: int | Sequence[int] | None, n: int) -> list[int] | None:

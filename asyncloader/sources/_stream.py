@@ -34,11 +34,12 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from asyncloader._failure import unwrap_group
 from asyncloader.sources._interleave import Interleave, draw, fill_target, rewind
+from asyncloader.sources._remainder import Cut
 from asyncloader.sources._shardplan import Slice
 
 DEPTH = 2
@@ -64,6 +65,11 @@ class Position:
     #: How a worker's part of the rank was chosen (see ``_shardplan.plan``): ``"samples"``
     #: (equal sample counts) or ``"slices"`` (every n-th slice, before shard counts).
     worker_split: str = "samples"
+    #: How the ranks' shares end when they do not divide evenly: ``"drop"`` or ``"pad"``.
+    tail: str = "drop"
+    #: The epoch's interruptions at other world sizes, oldest first: this pass is over what
+    #: they left (see :mod:`._remainder`); empty for a whole epoch.
+    history: list[Cut] = field(default_factory=list)
 
 
 class _Failed:
@@ -147,9 +153,10 @@ class ShardStream:
         queue, the rest are read past."""
         slc = self._slices[s]
         if last is not None:
-            slc = Slice(slc.shard, slc.skip + first, last + 1 - first)
+            slc = slc._replace(skip=slc.skip + first, take=last + 1 - first)
         elif first:
-            slc = Slice(slc.shard, slc.skip + first, None if slc.take is None else slc.take - first)
+            take = None if slc.take is None else slc.take - first
+            slc = slc._replace(skip=slc.skip + first, take=take)
 
         def want(i: int) -> bool:
             j = first + i

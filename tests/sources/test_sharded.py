@@ -71,8 +71,8 @@ def test_plan_covers_every_sample_once_for_any_world_size():
     for world in range(1, 8):
         covered = Counter()
         for rank in range(world):
-            for shard, skip, take in plan(sizes, 6, seed=1, epoch=2, shuffle=True, rank=rank,
-                                          world_size=world):  # fmt: skip
+            for shard, skip, take, _ in plan(sizes, 6, seed=1, epoch=2, shuffle=True,
+                                             rank=rank, world_size=world):  # fmt: skip
                 covered.update((shard, i) for i in range(skip, skip + take))
         assert max(covered.values()) == 1 and sum(covered.values()) == sum(sizes) // world * world
 
@@ -85,7 +85,7 @@ def test_shard_order_depends_on_seed_and_epoch_only():
     first = a.slices()
     a.set_epoch(1)
     assert a.slices() != first and sorted(a.slices()) == sorted(first)
-    assert make(urls, 1, shuffle=False).slices() == [(i, 0, 1) for i in range(20)]
+    assert make(urls, 1, shuffle=False).slices() == [(i, 0, 1, None) for i in range(20)]
 
 
 def test_ranks_come_from_torch_distributed_when_initialised(monkeypatch):
