@@ -14,6 +14,7 @@ from torch.utils.data import Dataset, IterableDataset
 from asyncloader import AsyncLoader, AsyncLoaderError
 from tests.helpers import SyncSource
 from tests.helpers.contracts import check_resume, flat
+from tests.helpers.sources import CountingIterator
 
 
 class RandomWalk:
@@ -160,28 +161,16 @@ def test_without_a_generator_epochs_after_a_state_between_epochs_go_on_as_uninte
     assert [[flat(b) for b in resumed] for _ in range(2)] == expected
 
 
-class SelfIterating(IterableDataset):
+class SelfIterating(CountingIterator, IterableDataset):
     """Its own iterator: __iter__ resets the position, so its state must be restored after
     iter(), never before."""
 
     def __init__(self, n: int = 40) -> None:
-        self.n = n
+        super().__init__(n)
 
     def __iter__(self) -> SelfIterating:
         self.pos = 0
         return self
-
-    def __next__(self) -> int:
-        if self.pos >= self.n:
-            raise StopIteration
-        self.pos += 1
-        return self.pos - 1
-
-    def state_dict(self) -> dict:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.pos = state["pos"]
 
 
 def test_a_dataset_that_is_its_own_iterator_is_restored_after_iter():

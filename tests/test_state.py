@@ -23,6 +23,7 @@ from tests.helpers import (
     indices_of,
 )
 from tests.helpers.contracts import check_resume, flat
+from tests.helpers.sources import CountingIterator
 
 
 def shuffled(source, **kw):
@@ -221,27 +222,7 @@ class CountedIter:
 
     def __iter__(self):
         self.iter_calls += 1
-        return _Counting(self.n)
-
-
-class _Counting:
-    def __init__(self, n: int) -> None:
-        self.n, self.pos = n, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> int:
-        if self.pos >= self.n:
-            raise StopIteration
-        self.pos += 1
-        return self.pos - 1
-
-    def state_dict(self) -> dict:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.pos = state["pos"]
+        return CountingIterator(self.n)
 
 
 def test_a_source_state_sits_where_stateful_dataloader_puts_it_without_workers():

@@ -420,3 +420,25 @@ class EpochCounting(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = state["epoch"]
+
+
+class CountingIterator:
+    """An iterator of ``0 .. n-1`` that reports and restores its position (Stateful)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pos = n, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        if self.pos >= self.n:
+            raise StopIteration
+        self.pos += 1
+        return self.pos - 1
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
