@@ -29,8 +29,10 @@ need would pay. A whole epoch is also the least noisy measurement there is.
 ``prefetch`` changes **within an epoch** (:class:`PrefetchTuner`), in rounds of
 ``max(window, MIN_ROUND)`` batches received by the consumer: when the consumer waited for
 ``STALLED`` (10%) of its time or more and most admissions found the window full, ``prefetch``
-doubles (up to ``PREFETCH_CAP`` and to what ``memory_budget`` holds). After a step, a round
-whose batches/s did not rise by ``GAIN`` undoes it and holds for ``HOLD_S``. The window
+doubles (up to ``PREFETCH_CAP`` and to what ``memory_budget`` holds, but never below
+``PREFETCH_START``: the budget bounds growth, so "auto" never holds less than the fixed
+default would). After a step, a round whose batches/s did not rise by ``GAIN`` undoes it and
+holds for ``HOLD_S``. The window
 follows every move (:class:`asyncloader._epoch.Window`): it never holds more batches than its
 largest size, which is at most ``Options.window`` (sized for ``PREFETCH_CAP``).
 """
@@ -132,17 +134,18 @@ class PrefetchTuner:
         self.restart(start, 1)
 
     def restart(self, at: float, workers: int) -> None:
-        """A new epoch, with ``workers`` workers: ``prefetch`` stays, the round starts afresh
-        (the epoch's clocks and counts start at 0)."""
+        """A new epoch, with ``workers`` workers: ``prefetch`` stays; the first round starts
+        at the epoch's first batch (its start-up, workers spawning, is no part of a rate)."""
         self._workers = max(1, workers)
-        self._round = (at, 0.0, 0.0, 0, 0)
+        self._round: tuple[float, float, float, int, int] | None = None
         self._done = 0
         self._grown_from = None
 
     def measured(self, batch_bytes: int) -> int | None:
-        """The first batch's size: caps ``prefetch`` by the budget; the new value if it
-        changed."""
-        self._cap = max(1, min(PREFETCH_CAP, self._budget // max(1, batch_bytes * self._workers)))
+        """The first batch's size: caps ``prefetch`` by the budget (never below the start);
+        the new value if it changed."""
+        fits = self._budget // max(1, batch_bytes * self._workers)
+        self._cap = max(PREFETCH_START, min(PREFETCH_CAP, fits))
         if self.prefetch > self._cap:
             self.prefetch = self._cap
             return self.prefetch
@@ -155,6 +158,9 @@ class PrefetchTuner:
         own time so far; ``admitted`` and ``blocked``: batches admitted into the window so
         far, and how many of them waited for a slot; ``window``: its size now. Returns the new
         ``prefetch`` when it changes."""
+        if self._round is None:
+            self._round = (at, stall, busy, admitted, blocked)
+            return None
         self._done += 1
         if self._done < max(window, MIN_ROUND):
             return None

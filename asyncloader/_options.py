@@ -63,7 +63,8 @@ class Options:
     io_concurrency: int | str = 64  # an int once built ("auto": the cap, with auto_io)
     fetch_in_workers: bool = False
     fetch_threads: int = 1
-    #: ``"auto"`` is accepted too: resolved to the start (with auto_prefetch).
+    #: ``"auto"`` (the loader's default) is accepted too: resolved to the start (with
+    #: auto_prefetch).
     prefetch: int = 2
     in_order: bool = True
     pin_memory: bool = False

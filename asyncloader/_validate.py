@@ -108,7 +108,8 @@ def dataloader_spellings(
     mp_context: Any,
     multiprocessing_context: Any,
 ) -> tuple[int | str, Any]:
-    """``(prefetch, mp_context)`` from asyncloader's and DataLoader's names for them.
+    """``(prefetch, mp_context)`` from asyncloader's and DataLoader's names for them
+    (``prefetch`` given by neither: ``"auto"``, the default).
 
     ``prefetch_factor`` keeps DataLoader's rule (only with workers); ``prefetch`` (batches per
     worker, or per executor without workers) works everywhere. One name per option.
@@ -128,7 +129,7 @@ def dataloader_spellings(
             check_int("prefetch_factor", prefetch_factor, 1)
         prefetch = prefetch_factor
     context = mp_context if mp_context is not None else multiprocessing_context
-    return (2 if prefetch is None else prefetch), context
+    return ("auto" if prefetch is None else prefetch), context
 
 
 def available_cores() -> int | None:

@@ -129,9 +129,10 @@ class AsyncLoader(Generic[T_co]):
             not pay, and probes again a second later, so it follows a change in latency);
             the window of batches follows it (see :mod:`asyncloader._autotune`).
         memory_budget: With an ``"auto"`` setting: bytes the samples in flight may hold
-            (``io_concurrency``), and bytes the batches in the engine's window may hold
-            (``num_workers`` and ``prefetch``), each a bound of its own; sizes are measured
-            from the first samples and the first batch. Default 1 GiB.
+            (``io_concurrency``), and bytes the batches in the engine's window may grow to
+            (``num_workers`` and ``prefetch``; never below what ``prefetch=2`` holds), each a
+            bound of its own; sizes are measured from the first samples and the first batch.
+            Default 1 GiB.
         fetch_in_workers: Fetch in the workers too (needs ``num_workers > 0``): each worker
             runs its own event loop (uvloop when installed), fetches the samples of the
             batches it is given (an ``async def __getitem__`` and the library's sources with a
@@ -146,11 +147,12 @@ class AsyncLoader(Generic[T_co]):
             once. Default 1: one call at a time, as DataLoader does, for datasets that are not
             thread-safe (an open file, a seeded RNG, a lazily opened database). Raise it (up
             to ``io_concurrency``) for a thread-safe ``__getitem__`` that waits on IO.
-        prefetch: Batches in the executor per worker (per executor without workers); default 2.
-            ``"auto"``: starts at 2 and, while the epoch runs, doubles when the consumer waits
-            on a full window and that raises batches/s by 10%, up to 16 and to
-            ``memory_budget`` (it steps back when a doubling does not pay); the window follows
-            it. ``prefetch_factor="auto"`` is the same.
+        prefetch: Batches in the executor per worker (per executor without workers). Default
+            ``"auto"``: starts at 2 (DataLoader's ``prefetch_factor``) and, while the epoch
+            runs, doubles when the consumer waits on a full window and that raises batches/s
+            by 10%, up to 16 and to ``memory_budget`` (never below 2; it steps back when a
+            doubling does not pay); the window follows it. An int fixes it.
+            ``prefetch_factor`` is the same option.
         device: Copy batches to this device on the ``asyncloader-device`` thread and its own
             CUDA stream, at most 2 batches ahead; the batch you get is safe on your stream.
         device_transform: ``fn(batch) -> batch`` run on the ``asyncloader-device`` thread after
@@ -207,7 +209,7 @@ class AsyncLoader(Generic[T_co]):
 
     Memory bound: at most ``stats.window`` batches are taken from the sampler and not yet
     handed to the consumer: ``prefetch * max(1, num_workers)`` in the executor (``prefetch``
-    at 16 under ``prefetch="auto"``; the epoch's ``num_workers``) plus, where
+    at 16 under ``prefetch="auto"``, the default; the epoch's ``num_workers``) plus, where
     samples are fetched in this process, ``ceil(io_concurrency / batch_size)`` being fetched
     (``fetch_threads`` in place of ``io_concurrency`` for a sync ``__getitem__``),
     plus 2 in the device stage when there is one.

@@ -62,11 +62,14 @@ def test_auto_workers_start_at_none_where_they_would_only_collate(cores):
     assert fetching.num_workers == 4
 
 
-def test_auto_prefetch_starts_at_the_fixed_default_and_bounds_the_window_at_its_cap():
-    """prefetch="auto" starts at 2; the window's bound is the one at PREFETCH_CAP."""
-    loader = AsyncLoader(SyncSource(8), num_workers=2, prefetch="auto")
+@pytest.mark.parametrize("options", [{"prefetch": "auto"}, {}, {"prefetch_factor": None}])
+def test_auto_prefetch_is_the_default_starts_at_2_and_bounds_the_window_at_its_cap(options):
+    """prefetch="auto" (the default) starts at 2; the window's bound is the one at
+    PREFETCH_CAP. An int fixes it."""
+    loader = AsyncLoader(SyncSource(8), num_workers=2, **options)
     assert loader.prefetch_factor == PREFETCH_START
     assert loader.stats.window == 2 * PREFETCH_CAP
+    assert AsyncLoader(SyncSource(8), num_workers=2, prefetch=2).stats.window == 2 * 2
 
 
 # -- num_workers between epochs (simulated epochs) -----------------------------------------
@@ -155,14 +158,15 @@ def test_prefetch_stays_unless_the_consumer_waits_on_a_full_window(stalled, full
     assert drive(tuner, 400, window_bound(100, 500), stalled, full) == [PREFETCH_START]
 
 
-def test_the_memory_budget_caps_prefetch():
+def test_the_memory_budget_caps_prefetch_growth_but_never_below_the_start():
     tuner = PrefetchTuner(8 << 20, 0.0)  # 8 MiB for 2 workers' batches of 1 MiB: prefetch 4
     tuner.restart(0.0, 2)
     assert tuner.measured(1 << 20) is None
     assert max(drive(tuner, 400, window_bound(100, 10_000))) == 4
-    small = PrefetchTuner(1 << 20, 0.0)
+    small = PrefetchTuner(1 << 20, 0.0)  # not even the start fits: it stays at the start
     small.restart(0.0, 2)
-    assert small.measured(1 << 20) == 1  # below the start: the budget wins
+    assert small.measured(1 << 20) is None
+    assert drive(small, 400, window_bound(100, 10_000)) == [PREFETCH_START]
 
 
 # -- the loader with "auto" ----------------------------------------------------------------
@@ -241,7 +245,7 @@ def test_persistent_workers_are_rebuilt_when_the_count_changes(cores, monkeypatc
         ({"prefetch_factor": "x", "num_workers": 1}, TypeError, "prefetch_factor"),
         ({"io_concurrency": "fast"}, TypeError, "io_concurrency must be an int or 'auto'"),
         ({"num_workers": "auto", "executor": object()}, TypeError, "executor"),
-        ({"memory_budget": 1 << 20}, ValueError, 'bounds the "auto" settings'),
+        ({"memory_budget": 1 << 20, "prefetch": 2}, ValueError, 'bounds the "auto" settings'),
     ],
 )
 def test_bad_options_name_themselves(options, error, match):

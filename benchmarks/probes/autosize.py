@@ -20,14 +20,18 @@ Parts (``--part``, all by default), each run in a fresh process, settings altern
   the window's other slots once they are done, so the other worker idles unless the window
   is deeper: ``prefetch`` 2, 4, 8, 16 (2 workers) against ``prefetch="auto"``, one epoch of
   ``LUMPY_ITEMS`` samples.
+- ``epochs``: the cpu workload for ``EPOCHS`` epochs under a consumer whose step takes
+  ``STEP_MS`` per batch (a training step that one worker keeps up with):
+  ``num_workers="auto"`` against 2 workers; per epoch the workers used and the samples/s,
+  and the CPU seconds of the whole run (the process tree's).
 - ``defaults``: every workload of :mod:`benchmarks.workloads` (io, http, cpu, big, overhead),
   configured as the benchmark configures asyncloader (io/http at ``io_concurrency=64``,
-  cpu/big/overhead with 2 workers), with one option at a time at its default and at
-  ``"auto"``: ``io_concurrency`` (64), ``prefetch`` (2), ``num_workers`` (0; the
-  benchmark's 2 shown too where it uses them).
+  cpu/big/overhead with 2 workers), with one option at a time at its fixed default and at
+  ``"auto"``: ``io_concurrency`` (64), ``prefetch`` (2, the default before this probe made
+  ``"auto"`` the default), ``num_workers`` (0); ``--knobs`` picks some.
 
-``python -m benchmarks.probes.autosize [--part cpu io lumpy defaults] [--reps 3] [--seconds 6]
-[--json PATH]``
+``python -m benchmarks.probes.autosize [--part cpu io lumpy epochs defaults] [--reps 3]
+[--seconds 6] [--knobs KNOB...] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import numpy as np
 from benchmarks.checks import Checker
 from benchmarks.loaders import asyncloader_options
 from benchmarks.probes.autotune import BATCH, Latency, rates
-from benchmarks.run_one import measure, prepare
+from benchmarks.run_one import measure, prepare, tree_cpu_seconds
 from benchmarks.side_by_side import in_fresh_process
 from benchmarks.workloads import CPU_SHAPE, WORKLOADS, MemorySource, burn, http_server
 
@@ -60,11 +64,13 @@ IO_SETTINGS: dict[str, dict[str, Any]] = {
 }
 LATENCIES_MS = (2, 20, 100)
 LUMP, LUMP_EVERY, LUMPY_ITEMS = 10, 16, 6000
+EPOCHS, STEP_MS = 4, 60
+EPOCH_SETTINGS: dict[str, dict[str, Any]] = {"workers 2": {"num_workers": 2}, "auto": {}}
 LUMPY_SETTINGS: dict[str, dict[str, Any]] = {
     **{f"prefetch {n}": {"prefetch": n} for n in (2, 4, 8, 16)},
     "auto": {"prefetch": "auto"},
 }
-#: knob -> (its default, the value compared)
+#: knob -> (its fixed default, "auto"); prefetch's default is "auto" since this measurement
 KNOBS = {"io_concurrency": (64, "auto"), "prefetch": (2, "auto"), "num_workers": (0, "auto")}
 
 
@@ -148,9 +154,32 @@ def lumpy_run(options: dict[str, Any]) -> dict[str, Any]:
     return {**measure(build(), checker), **settled(box[0].stats)}
 
 
+def epochs_run(options: dict[str, Any]) -> dict[str, Any]:
+    """``EPOCHS`` epochs of the cpu workload under a ``STEP_MS`` consumer step."""
+    from asyncloader import AsyncLoader
+
+    items = WORKLOADS["cpu"].items
+    settings = {**asyncloader_options(WORKLOADS["cpu"], 2), "num_workers": "auto", **options}
+    loader = AsyncLoader(MemorySource(items), **settings)
+    cpu0, per_epoch = tree_cpu_seconds(), []
+    with loader:
+        for _ in range(EPOCHS):
+            checker = Checker(items, CPU_SHAPE)
+            start = time.perf_counter()
+            for batch in loader:
+                checker.add(batch)
+                time.sleep(STEP_MS / 1000)  # the training step
+            checker.verify()
+            rate = items / (time.perf_counter() - start)
+            per_epoch.append({"workers": loader.stats.num_workers, "items_per_s": rate})
+    return {"epochs": per_epoch, "cpu_s": tree_cpu_seconds() - cpu0}
+
+
 def child(args: argparse.Namespace) -> None:
     case = json.loads(args.case)
-    if case["part"] == "lumpy":
+    if case["part"] == "epochs":
+        out = epochs_run(case["options"])
+    elif case["part"] == "lumpy":
         out = lumpy_run(case["options"])
     elif case["part"] == "io":
         out = io_run(case["latency_ms"], case["options"], case["seconds"])
@@ -203,6 +232,22 @@ def lumpy_part(reps: int) -> dict[str, Any]:
     return {"table": table, "best_fixed": best, "auto_over_best": ratio, "runs": got}
 
 
+def epochs_part(reps: int) -> dict[str, Any]:
+    cases = {name: {"part": "epochs", "options": o} for name, o in EPOCH_SETTINGS.items()}
+    got = runs(cases, reps)
+    table = {}
+    print(f"\nepochs: {EPOCHS} epochs of cpu under a {STEP_MS} ms step, medians of {reps}")
+    for name, results in got.items():
+        rates = [statistics.median(r["epochs"][e]["items_per_s"] for r in results)
+                 for e in range(EPOCHS)]  # fmt: skip
+        workers = [[r["epochs"][e]["workers"] for r in results] for e in range(EPOCHS)]
+        cpu = statistics.median(r["cpu_s"] for r in results)
+        table[name] = {"items_per_s": rates, "workers": workers, "cpu_s": cpu}
+        print(f"  {name:>9}  samples/s per epoch {[round(x) for x in rates]}, workers "
+              f"{workers}, CPU {cpu:.1f} s")  # fmt: skip
+    return {"table": table, "runs": got}
+
+
 def io_part(reps: int, seconds: float) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for ms in LATENCIES_MS:
@@ -228,7 +273,7 @@ def io_part(reps: int, seconds: float) -> dict[str, Any]:
     return summary
 
 
-def defaults_part(reps: int) -> dict[str, Any]:
+def defaults_part(reps: int, knobs: list[str]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     items = max(w.items for w in WORKLOADS.values() if w.name == "http")
     with http_server(items) as server:
@@ -238,8 +283,8 @@ def defaults_part(reps: int) -> dict[str, Any]:
                 k: getattr(v, "__name__", v) for k, v in asyncloader_options(spec, setting).items()
             }
             cases: dict[str, dict[str, Any]] = {}
-            for knob, (default, auto) in KNOBS.items():
-                for value in (default, auto):
+            for knob in knobs:
+                for value in KNOBS[knob]:
                     cases[f"{knob}={value}"] = {
                         "part": "defaults",
                         "workload": workload,
@@ -253,6 +298,7 @@ def defaults_part(reps: int) -> dict[str, Any]:
                 knob: table[f"{knob}={auto}"]["items_per_s"]
                 / table[f"{knob}={default}"]["items_per_s"]
                 for knob, (default, auto) in KNOBS.items()
+                if knob in knobs
             }
             summary[workload] = {"options": base, "table": table, "auto_over_default": ratios,
                                  "runs": got}  # fmt: skip
@@ -265,9 +311,10 @@ def defaults_part(reps: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--part", nargs="+", default=["cpu", "io", "lumpy", "defaults"])
+    parser.add_argument("--part", nargs="+", default=["cpu", "io", "lumpy", "epochs", "defaults"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--knobs", nargs="+", default=list(KNOBS), help="for --part defaults")
     parser.add_argument("--json", default=None, help="write the summary here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
@@ -282,8 +329,10 @@ def main() -> None:
         summary["io"] = io_part(args.reps, args.seconds)
     if "lumpy" in args.part:
         summary["lumpy"] = lumpy_part(args.reps)
+    if "epochs" in args.part:
+        summary["epochs"] = epochs_part(args.reps)
     if "defaults" in args.part:
-        summary["defaults"] = defaults_part(args.reps)
+        summary["defaults"] = defaults_part(args.reps, args.knobs)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
