@@ -10,10 +10,13 @@
                           ReorderBuffer ─► [device thread] ─► consumer (permit returned on
                                                               hand-over)
 
-Window invariant: ``permits.value + ahead == window``, where ``ahead`` counts the batches taken
-from the sampler and not yet handed to the consumer (being fetched, in the engine, in the
-reorder buffer, or in a hand-over queue). So memory held ahead of the consumer is bounded by
-``window`` batches whatever the consumer's speed or the order batches complete in.
+Window invariant: ``permits.value + ahead == size + debt`` (:class:`~asyncloader._window.
+Window`), where ``ahead`` counts the batches taken from the sampler and not yet handed to the
+consumer (being fetched, in the engine, in the reorder buffer, or in a hand-over queue). So
+memory held ahead of the consumer is bounded by the largest size the window had, at most
+``options.window`` batches, whatever the consumer's speed or the order batches complete in.
+The "auto" settings move the size while the epoch runs: ``io_concurrency`` with the fetch
+limit, ``prefetch`` with the consumer's stalls (``_autosize``), the engine's room with it.
 
 A stage exception inside a batch becomes a Failure delivered at that batch's turn: the
 iterator raises it from that step and the epoch goes on with the next batch, as DataLoader
@@ -37,6 +40,7 @@ from typing import Any, cast
 
 import torch
 
+from asyncloader._autosize import PrefetchTuner
 from asyncloader._autotune import FetchTuner
 from asyncloader._batches import Batch, Made, map_batches, stream_batches
 from asyncloader._device import DeviceStage
@@ -56,6 +60,8 @@ from asyncloader._stats import LoaderStats
 from asyncloader._streams import worker_stream_batches
 from asyncloader._threads import loader_threads, run_in_thread
 from asyncloader._transform import Transformer, inline_plan
+from asyncloader._transport import nbytes
+from asyncloader._window import Window
 from asyncloader._workers import WorkerLease
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 from asyncloader.sources import SourceKind
@@ -63,63 +69,6 @@ from asyncloader.sources import SourceKind
 #: The longest ``state_dict()`` waits for the workers to open their iterations of the source
 #: (without a ``timeout``); past it, it returns the state without what they opened.
 SETTLE_S = 30.0
-
-
-class Window:
-    """Admission of batches into the epoch, on the loop's thread only.
-
-    ``permits.value + ahead == size + debt`` at every await point. :meth:`resize` moves
-    ``size``; a smaller size is reached as batches leave (``debt`` of them are not given
-    back), so ``ahead`` never exceeds the largest size the window ever had.
-    :meth:`reached` lets another thread wait for the high-water mark ``max_ahead``.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._permits = asyncio.Semaphore(size)
-        self._debt = 0
-        self.ahead = 0
-        self.max_ahead = 0
-        self._marks: list[tuple[int, threading.Event]] = []  # (level, set once reached)
-        self._marks_lock = threading.Lock()
-
-    def resize(self, size: int) -> None:
-        grow, self.size = size - self.size, size
-        if grow < 0:
-            self._debt -= grow
-            return
-        paid = min(grow, self._debt)
-        self._debt -= paid
-        for _ in range(grow - paid):
-            self._permits.release()
-
-    async def admit(self) -> None:
-        await self._permits.acquire()
-        self.ahead += 1
-        if self.ahead > self.max_ahead:  # at most ``size`` times an epoch
-            self.max_ahead = self.ahead
-            if self._marks:
-                with self._marks_lock:
-                    for level, event in self._marks:
-                        if level <= self.max_ahead:
-                            event.set()
-
-    def reached(self, level: int) -> threading.Event:
-        """An event set once ``max_ahead >= level`` (already set if it is), for any thread."""
-        event = threading.Event()
-        with self._marks_lock:
-            # listed before max_ahead is read: admit() raises it, then reads the list
-            self._marks.append((level, event))
-            if self.max_ahead >= level:
-                event.set()
-        return event
-
-    def release(self) -> None:
-        self.ahead -= 1
-        if self._debt:
-            self._debt -= 1
-        else:
-            self._permits.release()
 
 
 def _shut_down_with(stack: contextlib.AsyncExitStack, threads: ThreadPoolExecutor) -> None:
@@ -143,6 +92,7 @@ class Epoch:
         skip_log: The loader's ``skip_log``, where the ledger of an ``on_error="skip"`` epoch
             keeps the last few skips.
         tuner: ``io_concurrency="auto"``: the loader's fetch tuner, kept across its epochs.
+        prefetch_tuner: ``prefetch="auto"``: the loader's, kept across its epochs.
         reported_len: What ``len(loader)`` answered before the epoch, for an iterable
             source: each batch past it warns (:class:`~asyncloader._length.LengthCheck`).
     """
@@ -155,6 +105,7 @@ class Epoch:
         skip_log: deque[tuple[Any, str]] | None = None,
         tuner: FetchTuner | None = None,
         reported_len: ReportedLength | None = None,
+        prefetch_tuner: PrefetchTuner | None = None,
     ) -> None:
         self._options = options
         self._length: LengthCheck | None = None
@@ -178,18 +129,27 @@ class Epoch:
         self._tuner = tuner if self._open_fetch_needed() else None
         if self._tuner is not None:
             self._tuner.restart(now())
-        self._window = Window(
-            options.window if self._tuner is None else self._auto_window(self._tuner.limit)
-        )
+        # Each worker's own iteration is asked prefetch batches ahead once: it stays there.
+        self._prefetcher = prefetch_tuner if not options.worker_streams else None
+        if self._prefetcher is not None:
+            self._prefetcher.restart(now(), options.num_workers)
+        self.prefetch = self._prefetcher.prefetch if self._prefetcher else options.prefetch
+        self._fetcher: Fetcher | None = None
+        self._transformer: Transformer | None = None
+        self._window = Window(self._window_size())
         self._buffer = ReorderBuffer(options.in_order, start.resume.start, start.resume.skip)
         # With a device stage the consumer reads the device thread's output, in order.
         self._out = ReorderBuffer(in_order=False) if options.device_stage else self._buffer
         self._device_room = asyncio.Semaphore(options.device_depth or 1)
         self._inflight: dict[int, Sequence[Any]] = {}  # seq -> indices, until handed over
         self.meter = EpochMeter()
-        self._fetcher: Fetcher | None = None
         self._task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on, once started
+
+    @property
+    def options(self) -> Options:
+        """The epoch's options (under ``num_workers="auto"``, with its count of workers)."""
+        return self._options
 
     # -- consumer side -------------------------------------------------------------------------
 
@@ -250,7 +210,17 @@ class Epoch:
         indices = self._inflight.pop(seq, None)
         if indices is not None:
             self.meter.samples += len(indices)
+        if not self.meter.batch_bytes and not isinstance(item, Failure):
+            self._measured(item)
         return seq, item
+
+    def _measured(self, item: Any) -> None:
+        """The first batch's size: ``prefetch="auto"`` keeps the window within the budget."""
+        batch = item.batch if type(item) is Trimmed else item
+        self.meter.batch_bytes = nbytes(batch)
+        tuner, size = self._prefetcher, self.meter.batch_bytes
+        if tuner is not None and size and tuner.measured(size) is not None:
+            self._resize()
 
     def outcome(self, seq: int, item: Any) -> Any:
         """What the consumer gets for batch ``seq`` (``item`` from :meth:`next`), on its thread.
@@ -270,10 +240,19 @@ class Epoch:
 
     def release(self) -> None:
         """The consumer has received a batch: return its permit to the window (on the loop)."""
-        self.meter.waiting.add(-1, now())
-        self._window.release()
+        at = now()
+        self.meter.waiting.add(-1, at)
+        window = self._window
+        window.release()
         if self._out is not self._buffer:
             self._device_room.release()
+        if self._prefetcher is not None:
+            meter = self.meter
+            moved = self._prefetcher.received(
+                at, meter.stall, meter.busy, window.admitted, window.blocked, window.size
+            )
+            if moved is not None:
+                self._resize()
 
     def ahead_reached(self, batches: int) -> threading.Event:
         """Set once ``batches`` batches were ahead of the consumer at once (``max_ahead``),
@@ -305,7 +284,7 @@ class Epoch:
         fetching_mean, engine_mean = meter.in_flight(at)
         # Little's law over a window counts fetches begun before it in full: never above peaks
         fetching_mean = min(fetching_mean, fetching)
-        engine_mean = min(engine_mean, options.engine_window)
+        engine_mean = min(engine_mean, options.engine_window_for(self.prefetch))
         ms = lambda seconds: None if seconds is None else seconds * 1e3  # noqa: E731
         consumer, received = meter.stall + meter.busy, self.progress.batches
         device = meter.device.count > 0
@@ -325,7 +304,7 @@ class Epoch:
             fetch_in_flight=fetching_mean if fetched else None,
             engine_ms=ms(meter.engine.mean()),
             engine_in_flight=engine_mean,
-            engine_window=options.engine_window,
+            engine_window=options.engine_window_for(self.prefetch),
             fetch_limit=self._fetcher.limit if self._fetcher else options.fetch_concurrency,
             waiting=meter.waiting.mean(at),
             max_waiting=meter.waiting.peak,
@@ -336,6 +315,9 @@ class Epoch:
             consumer_ms=ms(meter.busy / (received - 1)) if received > 1 else None,
             backpressure=meter.backpressure,
             retries=meter.retries,
+            num_workers=options.num_workers,
+            prefetch=self.prefetch,
+            batch_bytes=meter.batch_bytes,
         )
 
     async def aclose(self) -> None:
@@ -382,7 +364,7 @@ class Epoch:
                     skip,
                     self.meter,
                     self._tuner,
-                    lambda limit: self._window.resize(self._auto_window(limit)),
+                    lambda limit: self._resize(),
                 )
             if device is not None:
                 tg.create_task(self._device_pump(device), name="device")
@@ -414,11 +396,25 @@ class Epoch:
         """How this epoch's batches seed the global RNGs (see :mod:`asyncloader._seeding`)."""
         return Seeds.of(self.start_info.seed, self._options.seed_per_sample)
 
-    def _auto_window(self, limit: int) -> int:
-        """The window under ``io_concurrency="auto"``: room to queue as many samples as are
-        in flight, so a fetch held back by its limit shows it (see ``_autotune``)."""
+    def _window_size(self) -> int:
+        """The window for the fetch limit and ``prefetch`` now. Under ``io_concurrency="auto"``
+        it has room to queue as many samples as are in flight, so a fetch held back by its
+        limit shows it (see ``_autotune``)."""
         options = self._options
-        return options.window_for(2 * limit)
+        if self._tuner is not None:
+            fetching = 2 * (self._fetcher.limit if self._fetcher else self._tuner.limit)
+        else:
+            fetching = options.fetch_concurrency * (2 if options.auto_io else 1)
+        return options.window_for(fetching, self.prefetch)
+
+    def _resize(self) -> None:
+        """A tuner moved the fetch limit or ``prefetch``: the window and the engine's room
+        follow."""
+        if self._prefetcher is not None:
+            self.prefetch = self._prefetcher.prefetch
+        self._window.resize(self._window_size())
+        if self._transformer is not None:
+            self._transformer.resize(self._options.engine_window_for(self.prefetch))
 
     def _open_fetch_needed(self) -> bool:
         """Samples are fetched on this loop (see :meth:`_open_fetch`)."""
@@ -470,7 +466,11 @@ class Epoch:
             engine = ExecutorEngine(loader_threads(1, "asyncloader-transform"), plan, owned=True)
             stack.push_async_callback(run_in_thread, engine.shutdown, "asyncloader-reaper")
             inline = inline_plan(plan, seeds)
-        return Transformer(engine, options.engine_window, seeds, self._inflight, inline, self.meter)
+        self._transformer = Transformer(
+            engine, options.engine_window_for(self.prefetch), seeds, self._inflight, inline,
+            self.meter,
+        )  # fmt: skip
+        return self._transformer
 
     def _batches(
         self, stack: contextlib.AsyncExitStack, transformer: Transformer

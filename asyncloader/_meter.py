@@ -104,6 +104,7 @@ class EpochMeter:
         #: there, so start-up (workers spawning, connections opening) does not dilute them.
         self.steady: tuple[float, float, float] | None = None
         self.samples = 0
+        self.batch_bytes = 0  # the first batch's tensors and arrays, once received
         self._retries_before = _retry.RETRIES[0]
 
     @property

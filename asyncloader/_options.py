@@ -9,6 +9,7 @@ window). Nothing downstream reads options by string key or validates them again.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -25,6 +26,7 @@ from torch.utils.data import (
 )
 
 from asyncloader import _validate as check
+from asyncloader._autosize import PREFETCH_CAP, PREFETCH_START, start_workers
 from asyncloader._autotune import CAP as AUTO_CAP
 from asyncloader._autotune import DEFAULT_BUDGET
 from asyncloader._rank_sampler import TAILS, RankSampler
@@ -52,6 +54,7 @@ class Options:
     drop_last: bool = False
     collate_fn: Callable[[Any], Any] | None = None
     transform: Callable[[Any], Any] | None = None
+    #: ``"auto"`` is accepted too: resolved to the first epoch's count (with auto_workers).
     num_workers: int = 0
     executor: Executor | None = None
     #: Where the workers run when not in this machine's processes (``RayEngine``): its
@@ -60,6 +63,8 @@ class Options:
     io_concurrency: int | str = 64  # an int once built ("auto": the cap, with auto_io)
     fetch_in_workers: bool = False
     fetch_threads: int = 1
+    #: ``"auto"`` (the loader's default) is accepted too: resolved to the start (with
+    #: auto_prefetch).
     prefetch: int = 2
     in_order: bool = True
     pin_memory: bool = False
@@ -80,7 +85,8 @@ class Options:
     rank: int | None = None
     world_size: int | None = None
     distributed_tail: str = "pad"
-    #: Bytes the samples in flight may hold under io_concurrency="auto" (None: the default).
+    #: Bytes the samples in flight, and separately the batches in the window, may hold under
+    #: the "auto" settings (None: the default, or no "auto").
     memory_budget: int | None = None
     #: The class the user instantiated (``AsyncLoader``, or their subclass), named in messages
     #: worded as DataLoader words them.
@@ -90,34 +96,57 @@ class Options:
     collate: Callable[[Any], Any] = field(init=False)
     #: io_concurrency="auto": the fetch limit moves (asyncloader._autotune), up to io_concurrency.
     auto_io: bool = field(init=False, default=False)
+    #: num_workers="auto": each epoch's count moves (asyncloader._autosize); this object holds
+    #: the first epoch's, :meth:`for_epoch` another's.
+    auto_workers: bool = field(init=False, default=False)
+    #: prefetch="auto": prefetch moves within the epoch, up to PREFETCH_CAP (the window's bound).
+    auto_prefetch: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         kind = source_kind(self.dataset)
         if self.engine is not None:
             check.check_engine(self.engine, self.num_workers, self.executor)
             _set(self, num_workers=self.engine.num_workers, fetch_in_workers=True)
+        if check.is_auto("num_workers", self.num_workers):
+            loop_fed = not (kind is SourceKind.MAP or self.fetch_in_workers) and (
+                self.transform is None and self.collate_fn is None
+            )
+            _set(self, num_workers=start_workers(loop_fed), auto_workers=True)
         check.check_num_workers(self.num_workers)
-        if self.io_concurrency == "auto":
+        if check.is_auto("io_concurrency", self.io_concurrency):
             _set(self, io_concurrency=AUTO_CAP, auto_io=True)
         check.check_int("io_concurrency", self.io_concurrency, 1)
+        if check.is_auto("prefetch", self.prefetch):
+            _set(self, prefetch=PREFETCH_START, auto_prefetch=True)
+        check.check_int("prefetch", self.prefetch, 1)
+        auto = self.auto_io or self.auto_workers or self.auto_prefetch
         if self.memory_budget is not None:
             check.check_int("memory_budget", self.memory_budget, 1)
-            if not self.auto_io:
-                raise ValueError('memory_budget= bounds io_concurrency="auto"; it needs it')
-        elif self.auto_io:
+            if not auto:
+                raise ValueError(
+                    'memory_budget= bounds the "auto" settings (io_concurrency, num_workers, '
+                    "prefetch); it needs one of them"
+                )
+        elif auto:
             _set(self, memory_budget=DEFAULT_BUDGET)
         check.check_int("fetch_threads", self.fetch_threads, 1)
-        check.check_int("prefetch", self.prefetch, 1)
         check.check_instance("pin_memory_device", self.pin_memory_device, str, "a str")
         check.check_timeout(self.timeout)
         check.check_on_error(self.on_error, self.max_skipped)
         for name in ("collate_fn", "transform", "worker_init_fn", "device_transform"):
             check.check_callable(name, getattr(self, name))
-        check.check_workers(self.num_workers, self.executor, self.persistent_workers)
+        check.check_workers(
+            self.num_workers, self.executor, self.persistent_workers, self.auto_workers
+        )
         check.check_fetch_in_workers(self.fetch_in_workers, self.num_workers)
         check.check_instance("generator", self.generator, torch.Generator, "a torch.Generator")
         _set(self, device=check.resolve_device(self.device, bool(self.pin_memory)))
-        _set(self, mp_context=check.resolve_mp_context(self.mp_context, self.num_workers))
+        _set(
+            self,
+            mp_context=check.resolve_mp_context(
+                self.mp_context, self.num_workers, self.auto_workers
+            ),
+        )
         if self.batch_size is not None:
             check.check_int("batch_size", self.batch_size, 1)
         self._resolve_ranks(kind)
@@ -185,6 +214,16 @@ class Options:
         if self.batch_sampler is None and self.batch_size is not None:
             _set(self, batch_sampler=BatchSampler(sampler, self.batch_size, self.drop_last))
 
+    def for_epoch(self, num_workers: int) -> Options:
+        """These options with ``num_workers`` workers: an epoch's under ``num_workers="auto"``
+        (validated already: the count only moves between 0 and the cores, and from 0 only
+        where the workers would not run ``__getitem__``)."""
+        if num_workers == self.num_workers:
+            return self
+        epoch = copy.copy(self)
+        _set(epoch, num_workers=num_workers)
+        return epoch
+
     @property
     def own_sampler(self) -> RankSampler | None:
         """The loader's own sampler of ``distributed=True`` (None with the user's)."""
@@ -216,9 +255,18 @@ class Options:
         return self.io_concurrency
 
     @property
+    def prefetch_bound(self) -> int:
+        """The highest ``prefetch`` may go: ``PREFETCH_CAP`` under ``prefetch="auto"``."""
+        return PREFETCH_CAP if self.auto_prefetch else self.prefetch
+
+    @property
     def transform_window(self) -> int:
-        """Batches at most in the executor at once for transform: ``prefetch`` per worker."""
-        return self.prefetch * max(1, self.num_workers)
+        """Batches at most in the executor at once for transform: ``prefetch`` per worker (at
+        its bound)."""
+        return self.transform_window_for(self.prefetch_bound)
+
+    def transform_window_for(self, prefetch: int) -> int:
+        return prefetch * max(1, self.num_workers)
 
     @property
     def fetch_window(self) -> int:
@@ -241,7 +289,12 @@ class Options:
     def engine_window(self) -> int:
         """Batches at most in the engine: the transform window, and with
         ``fetch_in_workers`` the fetch window too (the workers fetch them)."""
-        return self.transform_window + (self.fetch_window if self.fetch_in_workers else 0)
+        return self.engine_window_for(self.prefetch_bound)
+
+    def engine_window_for(self, prefetch: int) -> int:
+        """The engine's window at ``prefetch`` (``prefetch="auto"`` moves it)."""
+        fetching = self.fetch_window if self.fetch_in_workers else 0
+        return self.transform_window_for(prefetch) + fetching
 
     @property
     def device_stage(self) -> bool:
@@ -260,13 +313,16 @@ class Options:
     @property
     def window(self) -> int:
         """Batches at most taken from the sampler and not yet handed to the consumer (under
-        ``io_concurrency="auto"``, room for twice the highest limit: see ``_autotune``)."""
-        return self.window_for(self.fetch_concurrency * (2 if self.auto_io else 1))
+        ``io_concurrency="auto"``, room for twice the highest limit: see ``_autotune``; under
+        ``prefetch="auto"``, at ``PREFETCH_CAP``)."""
+        fetching = self.fetch_concurrency * (2 if self.auto_io else 1)
+        return self.window_for(fetching, self.prefetch_bound)
 
-    def window_for(self, fetching: int) -> int:
-        """The window that keeps ``fetching`` samples busy (``io_concurrency="auto"`` moves
-        it with its limit); never above :attr:`window`."""
-        return self.transform_window + self.fetch_window_for(fetching) + self.device_depth
+    def window_for(self, fetching: int, prefetch: int) -> int:
+        """The window that keeps ``fetching`` samples busy with ``prefetch`` batches per
+        worker (the "auto" settings move both); never above :attr:`window`."""
+        transform = self.transform_window_for(prefetch)
+        return transform + self.fetch_window_for(fetching) + self.device_depth
 
 
 def _set(options: Options, **values: Any) -> None:

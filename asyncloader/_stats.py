@@ -48,6 +48,11 @@ class LoaderStats:
         backpressure: Seconds the loader waited for a slot while a batch was ready and the
             consumer had not taken it.
         retries: Retried requests of this process's sources during the epoch.
+        num_workers: The epoch's worker processes (``num_workers="auto"`` moves it between
+            epochs).
+        prefetch: Batches per worker in the engine's window now (``prefetch="auto"`` moves
+            it within the epoch).
+        batch_bytes: Bytes of the tensors and arrays of the epoch's first batch (0 before it).
     """
 
     window: int
@@ -76,6 +81,9 @@ class LoaderStats:
     consumer_ms: float | None = None
     backpressure: float = 0.0
     retries: int = 0
+    num_workers: int = 0
+    prefetch: int = 0
+    batch_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The figures as a flat dict of numbers (``None`` left out), for a metrics logger."""

@@ -2,7 +2,8 @@
 
 One task per batch runs :func:`asyncloader._plan.run_batch` on the epoch's engine (fetch when
 the engine holds the dataset, then transform and collate). At most ``window`` batches are in
-the engine at once: ``room.value + submitted == window`` at every await point.
+the engine at once, ``window`` the largest size the room ever had (``prefetch="auto"`` resizes
+it; see :class:`~asyncloader._window.Window`).
 
 When the plan holds only torch's default collate (no dataset, no transform, no per-sample
 seeding), a batch smaller than :data:`INLINE_COLLATE_BYTES` may be collated right on the event
@@ -30,6 +31,7 @@ from asyncloader._seeding import Seeds
 from asyncloader._skip import Trimmed
 from asyncloader._threads import run_in_thread
 from asyncloader._transport import from_shared, nbytes
+from asyncloader._window import Window
 from asyncloader.errors import WorkerCrashedError
 
 #: Batches below this size that need only the default collate may be collated on the loop: a
@@ -74,7 +76,7 @@ class Transformer:
 
     Args:
         engine: Where batches are processed.
-        window: Batches at most in the engine.
+        window: Batches at most in the engine (:meth:`resize` moves it).
         seeds: How batches seed the global RNGs (:class:`~asyncloader._seeding.Seeds`).
         inflight: seq -> indices of the batches not yet handed to the consumer (for crash
             reports).
@@ -97,10 +99,15 @@ class Transformer:
     ) -> None:
         self.engine = engine
         self._meter = meter
-        self._room = asyncio.Semaphore(window)
+        self._room = Window(window)
         self._seeds = seeds
         self._inflight = inflight
         self._inline = inline
+
+    def resize(self, window: int) -> None:
+        """Batches at most in the engine from now on (a smaller room is reached as batches
+        leave it)."""
+        self._room.resize(window)
 
     async def run(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
         """Returns batch ``seq`` (or its Failure, or under ``on_error="skip"`` a Trimmed).

@@ -25,6 +25,16 @@ def check_int(name: str, value: Any, minimum: int) -> None:
         raise ValueError(f"{name}={value} must be >= {minimum}")
 
 
+def is_auto(name: str, value: Any) -> bool:
+    """``value`` is ``"auto"``; any other str is a TypeError naming the option (an int or
+    ``"auto"`` is what it takes)."""
+    if not isinstance(value, str):
+        return False
+    if value != "auto":
+        raise TypeError(f"{name} must be an int or 'auto', got {value!r}")
+    return True
+
+
 def check_callable(name: str, value: Any) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {type(value).__qualname__}")
@@ -53,14 +63,18 @@ def check_num_workers(num_workers: Any) -> None:
     check_int("num_workers", num_workers, 0)
 
 
-def check_workers(num_workers: int, executor: Any, persistent_workers: bool) -> None:
+def check_workers(
+    num_workers: int, executor: Any, persistent_workers: bool, auto: bool = False
+) -> None:
+    """``auto``: ``num_workers="auto"`` (its count may be 0 now and grow later)."""
     check_instance("executor", executor, Executor, "a concurrent.futures.Executor")
-    if executor is not None and num_workers:
+    if executor is not None and (num_workers or auto):
+        shown = "'auto'" if auto else num_workers
         raise ValueError(
-            f"executor and num_workers={num_workers} are exclusive: num_workers starts "
+            f"executor and num_workers={shown} are exclusive: num_workers starts "
             "asyncloader's own pool; with executor=, size the window with prefetch"
         )
-    if persistent_workers and num_workers == 0:
+    if persistent_workers and num_workers == 0 and not auto:
         raise ValueError("persistent_workers option needs num_workers > 0")
 
 
@@ -89,12 +103,13 @@ def check_fetch_in_workers(fetch_in_workers: Any, num_workers: int) -> None:
 
 def dataloader_spellings(
     num_workers: Any,
-    prefetch: int | None,
-    prefetch_factor: int | None,
+    prefetch: int | str | None,
+    prefetch_factor: int | str | None,
     mp_context: Any,
     multiprocessing_context: Any,
-) -> tuple[int, Any]:
-    """``(prefetch, mp_context)`` from asyncloader's and DataLoader's names for them.
+) -> tuple[int | str, Any]:
+    """``(prefetch, mp_context)`` from asyncloader's and DataLoader's names for them
+    (``prefetch`` given by neither: ``"auto"``, the default).
 
     ``prefetch_factor`` keeps DataLoader's rule (only with workers); ``prefetch`` (batches per
     worker, or per executor without workers) works everywhere. One name per option.
@@ -110,10 +125,11 @@ def dataloader_spellings(
                 "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
                 "to None."
             )
-        check_int("prefetch_factor", prefetch_factor, 1)
+        if not is_auto("prefetch_factor", prefetch_factor):
+            check_int("prefetch_factor", prefetch_factor, 1)
         prefetch = prefetch_factor
     context = mp_context if mp_context is not None else multiprocessing_context
-    return (2 if prefetch is None else prefetch), context
+    return ("auto" if prefetch is None else prefetch), context
 
 
 def available_cores() -> int | None:
@@ -124,7 +140,8 @@ def available_cores() -> int | None:
 
 
 def warn_many_workers(loader: str, num_workers: Any) -> None:
-    """DataLoader's warning when more workers than cores are asked for."""
+    """DataLoader's warning when more workers than cores are asked for (``"auto"`` never
+    asks for more)."""
     cores = available_cores()
     if isinstance(num_workers, int) and num_workers > 0 and (cores is None or num_workers > cores):
         warnings.warn(
@@ -137,12 +154,12 @@ def warn_many_workers(loader: str, num_workers: Any) -> None:
         )
 
 
-def resolve_mp_context(mp_context: Any, num_workers: int) -> Any:
+def resolve_mp_context(mp_context: Any, num_workers: int, auto: bool = False) -> Any:
     """The multiprocessing context named by ``mp_context`` (None: chosen per epoch), with
-    DataLoader's checks of ``multiprocessing_context``."""
+    DataLoader's checks of ``multiprocessing_context`` (``auto``: ``num_workers="auto"``)."""
     if mp_context is None:
         return None
-    if num_workers == 0:
+    if num_workers == 0 and not auto:
         raise ValueError(
             "multiprocessing_context can only be used with multi-process loading "
             f"(num_workers > 0), but got num_workers={num_workers}"

@@ -1,7 +1,8 @@
 """The worker processes' lifetime across a loader's epochs.
 
 Without ``persistent_workers`` every epoch gets a pool of its own, shut down with it; with it,
-one pool serves every epoch until the loader closes (and is replaced when a worker died). Each
+one pool serves every epoch until the loader closes (and is replaced when a worker died, or
+when ``num_workers="auto"`` gives the epoch another count). Each
 epoch receives a :class:`WorkerLease`, an async context manager that hands it a started pool
 and, on exit, shuts down the pool if the epoch owned it.
 
@@ -101,13 +102,15 @@ class Workers:
         self._pool: Pool | None = None  # the persistent pool
         self._persistent_seed: int | None = None
 
-    def lease(self, epoch_seed: int) -> WorkerLease | None:
-        """The pool of the epoch about to start (``None`` without workers).
+    def lease(self, epoch_seed: int, options: Options | None = None) -> WorkerLease | None:
+        """The pool of the epoch about to start (``None`` without workers), with ``options``
+        the epoch's (the loader's by default; ``num_workers="auto"`` moves the count).
 
         Workers seed from ``epoch_seed``, or, when persistent, from the first epoch's seed.
         """
-        options = self._options
+        options = options or self._options
         if not options.num_workers:
+            self.close()  # "auto" went down to none: a persistent pool has nothing to do
             return None
         base_seed = epoch_seed
         if options.persistent_workers:
@@ -120,7 +123,7 @@ class Workers:
             and fork_is_safe()
             and _FORK is not None
         )
-        pool, owned = self._pool_for(base_seed, _FORK if fork_now else None)
+        pool, owned = self._pool_for(options, base_seed, _FORK if fork_now else None)
         if not fork_now:
             return WorkerLease(pool, owned, started=False)
         try:
@@ -131,9 +134,9 @@ class Workers:
             return WorkerLease(pool, owned, started=True, failure=exc)
         return WorkerLease(pool, owned, started=True)
 
-    def _pool_for(self, base_seed: int, ctx: Any) -> tuple[Pool, bool]:
-        """A new pool owned by the epoch, or the persistent one (replaced when broken)."""
-        options = self._options
+    def _pool_for(self, options: Options, base_seed: int, ctx: Any) -> tuple[Pool, bool]:
+        """A new pool owned by the epoch, or the persistent one (replaced when broken or of
+        another size)."""
         plan = BatchPlan.of(options)
 
         def new() -> Pool:
@@ -145,12 +148,14 @@ class Workers:
         if not options.persistent_workers:
             return new(), True
         with self._lock:
-            stale = self._pool if self._pool is not None and self._pool.broken else None
+            pool = self._pool
+            resized = pool is not None and pool.num_workers != options.num_workers
+            stale = pool if pool is not None and (pool.broken or resized) else None
             if self._pool is None or stale is not None:
                 self._pool = new()
             pool = self._pool
         if stale is not None:
-            stale.shutdown()  # already dead workers: quick
+            stale.shutdown()  # dead or idle workers: quick
         return pool, False
 
     def close(self, warn: bool = False) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from asyncloader._async import AsyncIterator
+from asyncloader._autosize import PrefetchTuner, WorkerTuner
 from asyncloader._autotune import FetchTuner
 from asyncloader._epoch import Epoch
 from asyncloader._layout import placed
@@ -84,7 +85,13 @@ class AsyncLoader(Generic[T_co]):
             drop_last.
         num_workers: Worker processes to start (transform and collate run there, and a sync
             ``__getitem__`` too); 0 runs them in threads of this process. More workers than
-            cores warns, as DataLoader does.
+            cores warns, as DataLoader does. ``"auto"``: the first epoch gets the usable cores
+            (shared among torchrun's ``LOCAL_WORLD_SIZE`` ranks), or none where the workers
+            would only collate what this process's loop fetched (an async or iterable source
+            without ``transform`` or ``collate_fn``); between epochs, one more when the last
+            epoch was CPU-bound and that pays, one fewer when workers sat idle under a slow
+            consumer, never above the cores nor ``memory_budget``
+            (:mod:`asyncloader._autosize`). Within an epoch the count never changes.
         collate_fn: Turns a list of samples into a batch; default ``default_collate``.
         pin_memory: Pin batches in page-locked memory, on the ``asyncloader-device`` thread
             (without CUDA: one warning, batches pass through).
@@ -121,8 +128,11 @@ class AsyncLoader(Generic[T_co]):
             limit, up to 4096 and to ``memory_budget`` (it steps back when a doubling does
             not pay, and probes again a second later, so it follows a change in latency);
             the window of batches follows it (see :mod:`asyncloader._autotune`).
-        memory_budget: With ``io_concurrency="auto"``: bytes the samples in flight may hold
-            (default 1 GiB), the sample size measured from the first samples fetched.
+        memory_budget: With an ``"auto"`` setting: bytes the samples in flight may hold
+            (``io_concurrency``), and bytes the batches in the engine's window may grow to
+            (``num_workers`` and ``prefetch``; never below what ``prefetch=2`` holds), each a
+            bound of its own; sizes are measured from the first samples and the first batch.
+            Default 1 GiB.
         fetch_in_workers: Fetch in the workers too (needs ``num_workers > 0``): each worker
             runs its own event loop (uvloop when installed), fetches the samples of the
             batches it is given (an ``async def __getitem__`` and the library's sources with a
@@ -137,7 +147,12 @@ class AsyncLoader(Generic[T_co]):
             once. Default 1: one call at a time, as DataLoader does, for datasets that are not
             thread-safe (an open file, a seeded RNG, a lazily opened database). Raise it (up
             to ``io_concurrency``) for a thread-safe ``__getitem__`` that waits on IO.
-        prefetch: Batches in the executor per worker (per executor without workers); default 2.
+        prefetch: Batches in the executor per worker (per executor without workers). Default
+            ``"auto"``: starts at 2 (DataLoader's ``prefetch_factor``) and, while the epoch
+            runs, doubles when the consumer waits on a full window and that raises batches/s
+            by 10%, up to 16 and to ``memory_budget`` (never below 2; it steps back when a
+            doubling does not pay); the window follows it. An int fixes it.
+            ``prefetch_factor`` is the same option.
         device: Copy batches to this device on the ``asyncloader-device`` thread and its own
             CUDA stream, at most 2 batches ahead; the batch you get is safe on your stream.
         device_transform: ``fn(batch) -> batch`` run on the ``asyncloader-device`` thread after
@@ -193,7 +208,8 @@ class AsyncLoader(Generic[T_co]):
     assigning one of those DataLoader fixes raises ``ValueError``, as there.
 
     Memory bound: at most ``stats.window`` batches are taken from the sampler and not yet
-    handed to the consumer: ``prefetch * max(1, num_workers)`` in the executor plus, where
+    handed to the consumer: ``prefetch * max(1, num_workers)`` in the executor (``prefetch``
+    at 16 under ``prefetch="auto"``, the default; the epoch's ``num_workers``) plus, where
     samples are fetched in this process, ``ceil(io_concurrency / batch_size)`` being fetched
     (``fetch_threads`` in place of ``io_concurrency`` for a sync ``__getitem__``),
     plus 2 in the device stage when there is one.
@@ -206,7 +222,7 @@ class AsyncLoader(Generic[T_co]):
         shuffle: bool | None = None,
         sampler: Any = None,
         batch_sampler: Any = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -225,7 +241,7 @@ class AsyncLoader(Generic[T_co]):
         io_concurrency: int | str = 64,
         fetch_in_workers: bool = False,
         fetch_threads: int = 1,
-        prefetch: int | None = None,
+        prefetch: int | str | None = None,
         device: str | torch.device | None = None,
         device_transform: Callable[[Any], Any] | None = None,
         mp_context: Any = None,
@@ -272,6 +288,13 @@ class AsyncLoader(Generic[T_co]):
         self._tuner = None  # io_concurrency="auto" on this process's loop: kept across epochs
         if options.auto_io and options.memory_budget is not None:
             self._tuner = FetchTuner(options.fetch_concurrency, options.memory_budget, now())
+        budget = options.memory_budget or 0
+        # num_workers="auto": the count between epochs (fixed where each worker iterates its
+        # own copy of an iterable source: that copy's state goes on from epoch to epoch).
+        self._worker_tuner = None
+        if options.auto_workers and not options.worker_streams:
+            self._worker_tuner = WorkerTuner(options.num_workers, budget)
+        self._prefetch_tuner = PrefetchTuner(budget, now()) if options.auto_prefetch else None
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
         # Between epochs the dataset's own state is saved: a map-style one's, or an iterable's
@@ -286,7 +309,8 @@ class AsyncLoader(Generic[T_co]):
     drop_last = property(lambda self: self._options.drop_last)
     sampler = property(lambda self: self._options.sampler)
     batch_sampler = property(lambda self: self._options.batch_sampler)
-    num_workers = property(lambda self: self._options.num_workers)
+    #: The current (or last) epoch's, else the first's: ``num_workers="auto"`` moves it.
+    num_workers = property(lambda self: self._epoch_options.num_workers)
     generator = property(lambda self: self._options.generator)
     collate_fn = property(lambda self: self._options.collate)
     pin_memory = property(lambda self: self._options.pin_memory)
@@ -297,7 +321,7 @@ class AsyncLoader(Generic[T_co]):
     persistent_workers = property(lambda self: self._options.persistent_workers)
     in_order = property(lambda self: self._options.in_order)
     prefetch_factor = property(
-        lambda self: self._options.prefetch if self._options.num_workers else None
+        lambda self: self._prefetch_now() if self._epoch_options.num_workers else None
     )
     #: DataLoader's (private, but read by code written for DataLoader): samples are collated
     #: into batches by a batch sampler, as opposed to ``batch_size=None``.
@@ -309,6 +333,17 @@ class AsyncLoader(Generic[T_co]):
                 f"{name} attribute should not be set after {type(self).__name__} is initialized"
             )
         super().__setattr__(name, value)
+
+    @property
+    def _epoch_options(self) -> Options:
+        return self._last.options if self._last is not None else self._options
+
+    def _prefetch_now(self) -> int:
+        """``prefetch`` of the current (or last) epoch, else the first's."""
+        if self._last is not None:
+            return self._last.prefetch
+        tuner = self._prefetch_tuner
+        return tuner.prefetch if tuner is not None else self._options.prefetch
 
     def __len__(self) -> int:
         """Batches per epoch. Raises TypeError when the source has no length.
@@ -359,11 +394,11 @@ class AsyncLoader(Generic[T_co]):
         batches (the rules: :mod:`asyncloader._report`).
         """
         stats = self.stats
-        return render(stats, diagnose(stats, self._options), max(self._epoch, 0))
+        return render(stats, diagnose(stats, self._epoch_options), max(self._epoch, 0))
 
     def bottleneck(self) -> Diagnosis:
         """The bottleneck :meth:`report` names: ``.stage``, ``.evidence`` and ``.knob``."""
-        return diagnose(self.stats, self._options)
+        return diagnose(self.stats, self._epoch_options)
 
     @property
     def skip_log(self) -> list[tuple[Any, str]]:
@@ -375,18 +410,37 @@ class AsyncLoader(Generic[T_co]):
         """Starts the next epoch (or the resumed one) on the consumer's thread."""
         keep_torch_threads()  # on the consumer's thread, before the epoch starts any thread
         resume, self._resume = self._resume, None
-        start = start_epoch(self._options, self._epoch + 1, resume)
+        options = self._next_epoch_options()
+        start = start_epoch(options, self._epoch + 1, resume)
         self._epoch = start.number
         if start.source_iter is not None:
-            self._dataset_keeps_state = start.source_iter is not self._options.dataset
-        lease = self._workers.lease(start.seed)
+            self._dataset_keeps_state = start.source_iter is not options.dataset
+        lease = self._workers.lease(start.seed, options)
         if self._last is not None:
             self._previous = self._last.stats
         self._last = Epoch(
-            self._options, start, lease, self._skip_log, self._tuner, self._reported_len
+            options,
+            start,
+            lease,
+            self._skip_log,
+            self._tuner,
+            self._reported_len,
+            self._prefetch_tuner,
         )
         self._epochs.add(self._last)
         return self._last
+
+    def _next_epoch_options(self) -> Options:
+        """The options of the epoch about to start: under ``num_workers="auto"``, with the
+        count the last epoch's measurements give (see :mod:`asyncloader._autosize`)."""
+        tuner, last = self._worker_tuner, self._last
+        if tuner is None:
+            return self._options
+        if last is not None and last.progress.finished:  # a broken-off epoch's rate says little
+            stats = last.stats
+            stage = diagnose(stats, last.options).stage
+            tuner.epoch_ended(stats, stage, last.prefetch, stats.batch_bytes)
+        return self._options.for_epoch(tuner.count)
 
     def state_dict(self) -> dict[str, Any]:
         """What the consumer has received so far, to continue from after a restart.

@@ -133,15 +133,37 @@ def main() -> None:
     runs_dir.mkdir(parents=True)
     started = time.time()
     info = report.machine_info(quick=args.quick, reps=reps)
-    results = []
     http_items = [c.items for c in cases if c.workload == "http"]
     with contextlib.ExitStack() as stack:
         port = None
         if http_items:
             port = stack.enter_context(workloads.http_server(max(http_items))).port
-        bar = stack.enter_context(tqdm(cases, unit="run", desc="benchmark", dynamic_ncols=True))
+        results = run_all(cases, port, runs_dir)
+    info["elapsed_s"] = time.time() - started
+    info["load1_after"] = os.getloadavg()[0]
+    summary = report.summarize(results, info)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    publish(summary, out, readme=not (args.quick or args.no_readme or args.out or args.only))
+
+
+def progress_note(result: dict) -> str:
+    """The bar's note on a finished run: its samples/s and the share of time the consumer
+    waited for batches."""
+    stall = result.get("stall_fraction")
+    return f"{result['items_per_s']:,.0f} samples/s, stall " + (
+        "-" if stall is None else f"{stall:.0%}"
+    )
+
+
+def run_all(cases: list[plan.Case], port: int | None, runs_dir: Path) -> list[dict]:
+    """Runs ``cases`` one after another, each result written to ``runs_dir``, under a tqdm
+    bar on stderr (stdout carries the results): the run under way, and the last one's
+    samples/s and stall. Exits the program on a :class:`RunFailed`."""
+    results: list[dict] = []
+    last = ""
+    with tqdm(cases, unit="run", desc="benchmark", dynamic_ncols=True, file=sys.stderr) as bar:
         for case in bar:
-            bar.set_postfix_str(str(case))
+            bar.set_postfix_str(f"{case}{last}")
             try:
                 result = run_case(case, port)
             except RunFailed as exc:
@@ -149,11 +171,9 @@ def main() -> None:
                 sys.exit(f"benchmark stopped: {exc}")
             (runs_dir / f"{case.file_stem()}.json").write_text(json.dumps(result, indent=1))
             results.append(result)
-    info["elapsed_s"] = time.time() - started
-    info["load1_after"] = os.getloadavg()[0]
-    summary = report.summarize(results, info)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    publish(summary, out, readme=not (args.quick or args.no_readme or args.out or args.only))
+            last = f" | last: {progress_note(result)}"
+            bar.set_postfix_str(f"{case}{last}")
+    return results
 
 
 def publish(summary: dict, out: Path, readme: bool) -> None:

@@ -14,7 +14,15 @@ from typing import Any
 from benchmarks.loaders import LOADERS
 from benchmarks.workloads import LATENCY_S, WORKLOADS
 
-METRICS = ("items_per_s", "steady_items_per_s", "ttfb_s", "cpu_s", "cpu_ms_per_item", "peak_rss_mb")
+METRICS = (
+    "items_per_s",
+    "steady_items_per_s",
+    "ttfb_s",
+    "cpu_s",
+    "cpu_ms_per_item",
+    "peak_rss_mb",
+    "stall_fraction",
+)
 COMMAND = "make bench"
 
 

@@ -30,6 +30,8 @@ from benchmarks.checks import Checker
 from benchmarks.loaders import BUILDERS, import_library, make_dataset
 from benchmarks.workloads import WORKLOADS, Workload
 
+clock = time.perf_counter  # the run's clock (a test simulates it)
+
 
 def tree_cpu_seconds() -> float:
     """User + system seconds of this process and its descendants, reaped ones included.
@@ -71,19 +73,25 @@ def measure(loader: AbstractContextManager[Iterable[Any]], checker: Checker) -> 
 
     The clock starts just before ``loader`` is entered (which builds the loader: a builder of
     :data:`benchmarks.loaders.BUILDERS` builds nothing until then) and stops at the last batch;
-    closing is timed apart. Raises :class:`~benchmarks.checks.DeliveryError` on a wrong delivery.
+    closing is timed apart. ``stall_fraction`` is the share of the time after the first batch
+    that the consumer (the check) spent waiting in ``next()``. Raises
+    :class:`~benchmarks.checks.DeliveryError` on a wrong delivery.
     """
     items = checker.n
     cpu0 = tree_cpu_seconds()
-    t0 = time.perf_counter()
+    t0 = clock()
+    waited = 0.0
     with loader as batches:
         it = iter(batches)
         first = checker.add(next(it))
-        t_first = time.perf_counter()
+        t_first = asked = clock()
         for batch in it:
+            waited += clock() - asked
             checker.add(batch)
-        t_end = time.perf_counter()
-    t_closed = time.perf_counter()
+            asked = clock()
+        t_end = clock()
+        waited += t_end - asked  # the last next(), which ended the epoch
+    t_closed = clock()
     cpu = tree_cpu_seconds() - cpu0
     checker.verify()
     wall = t_end - t0
@@ -93,6 +101,7 @@ def measure(loader: AbstractContextManager[Iterable[Any]], checker: Checker) -> 
         "ttfb_s": t_first - t0,
         "wall_s": wall,
         "close_s": t_closed - t_end,
+        "stall_fraction": waited / (t_end - t_first) if t_end > t_first else None,
         "cpu_s": cpu,
         "cpu_ms_per_item": cpu * 1e3 / items,
     }

@@ -107,7 +107,7 @@ def test_auto_out_of_order_delivers_each_sample_once():
         ({"io_concurrency": "fast"}, TypeError, "io_concurrency"),
         ({"io_concurrency": "auto", "memory_budget": 0}, ValueError, "memory_budget"),
         ({"io_concurrency": "auto", "memory_budget": 1.5}, TypeError, "memory_budget"),
-        ({"memory_budget": 1 << 20}, ValueError, "memory_budget"),
+        ({"memory_budget": 1 << 20, "prefetch": 2}, ValueError, "memory_budget"),
     ],
 )
 def test_bad_options_name_themselves(options, error, match):
