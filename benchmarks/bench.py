@@ -161,6 +161,10 @@ def run_all(cases: list[plan.Case], port: int | None, runs_dir: Path) -> list[di
     samples/s and stall. Exits the program on a :class:`RunFailed`."""
     results: list[dict] = []
     last = ""
+    # The bar is refreshed at every run; tqdm's monitor thread would outlive it, and a live
+    # thread makes forking unsafe in the process that imported this (asyncloader then uses
+    # the fork server).
+    tqdm.monitor_interval = 0
     with tqdm(cases, unit="run", desc="benchmark", dynamic_ncols=True, file=sys.stderr) as bar:
         for case in bar:
             bar.set_postfix_str(f"{case}{last}")
