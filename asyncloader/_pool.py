@@ -198,8 +198,15 @@ class ProcessPool:
         processes: list[Any] = list({**self._processes, **live}.values())
         manager = pool_manager_thread(executor)
         executor.shutdown(wait=False, cancel_futures=True)
-        stop_processes(processes, grace)
-        if manager is not None and manager is not threading.current_thread():
+        # The manager thread joins the workers it asked to exit: let it, before this thread
+        # joins them too. Two threads polling one forkserver sentinel race, and the loser
+        # records exit code 255 for a clean exit (a holder of iterator._workers reads it).
+        ours = manager is not None and manager is not threading.current_thread()
+        deadline = time.monotonic() + grace
+        if ours:
+            manager.join(grace)
+        stop_processes(processes, max(0.0, deadline - time.monotonic()))
+        if ours:
             manager.join()  # (a finalizer may run this on the manager thread itself)
         # The counter's lock and the queues held by the Process objects are named semaphores
         # in /dev/shm until collected: drop them now, not when the loader goes.
