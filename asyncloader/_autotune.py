@@ -19,10 +19,15 @@ as long as the loader (in a worker, as the worker): a later epoch starts where t
 left the limit. The loader's window is sized for twice the limit, so that a fetch held back
 by its limit has samples queued (and looks saturated). The cap is
 ``min(cap, memory_budget // sample bytes)``, the sample's size measured from the first
-samples fetched: samples in flight never hold more than the budget.
+samples fetched: samples in flight never hold more than the budget. It is also at most half
+the file descriptors the process may still open (``RLIMIT_NOFILE``'s soft limit less those
+open when the tuner starts): a request in flight may hold a socket or an open file, and the
+usual soft limit of 1,024 would otherwise fail the epoch with "Too many open files".
 """
 
 from __future__ import annotations
+
+import os
 
 from asyncloader._transport import nbytes
 
@@ -32,6 +37,27 @@ MIN_ROUND = 32
 GAIN = 1.10
 HOLD_S = 1.0
 DEFAULT_BUDGET = 1 << 30  # bytes of samples in flight (1 GiB) unless memory_budget says
+
+
+def file_room() -> int | None:
+    """Half the file descriptors this process may still open (None: no limit known)."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # no resource module (Windows)
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    for fds in ("/proc/self/fd", "/dev/fd"):
+        try:
+            open_now = len(os.listdir(fds))
+            break
+        except OSError:
+            continue
+    else:
+        open_now = 0
+    return max(1, (soft - open_now) // 2)
 
 
 class FetchTuner:
@@ -57,8 +83,9 @@ class FetchTuner:
     )
 
     def __init__(self, cap: int, budget: int, start: float) -> None:
-        self._cap, self._budget = cap, budget
-        self.limit = min(START, cap)
+        room = file_room()
+        self._cap, self._budget = cap if room is None else min(cap, room), budget
+        self.limit = min(START, self._cap)
         self._done = self._saturated = 0
         self._round_start = start
         self._grown_from: tuple[int, float] | None = None  # (limit, samples/s) before the step

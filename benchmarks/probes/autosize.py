@@ -29,8 +29,11 @@ Parts (``--part``, all by default), each run in a fresh process, settings altern
   cpu/big/overhead with 2 workers), with one option at a time at its fixed default and at
   ``"auto"``: ``io_concurrency`` (64), ``prefetch`` (2, the default before this probe made
   ``"auto"`` the default), ``num_workers`` (0); ``--knobs`` picks some.
+- ``nofile`` (not in the default parts): the http workload at ``io_concurrency`` 64 and
+  ``"auto"`` in clients at the usual soft open-files limit of 1,024 (a request in flight may
+  hold a socket; "auto" must stay within it).
 
-``python -m benchmarks.probes.autosize [--part cpu io lumpy epochs defaults] [--reps 3]
+``python -m benchmarks.probes.autosize [--part cpu io lumpy epochs defaults nofile] [--reps 3]
 [--seconds 6] [--knobs KNOB...] [--json PATH]``
 """
 
@@ -63,6 +66,7 @@ IO_SETTINGS: dict[str, dict[str, Any]] = {
     "auto": AUTO,
 }
 LATENCIES_MS = (2, 20, 100)
+NOFILE = 1024  # the usual soft limit of open files (ulimit -n)
 LUMP, LUMP_EVERY, LUMPY_ITEMS = 10, 16, 6000
 EPOCHS, STEP_MS = 4, 60
 EPOCH_SETTINGS: dict[str, dict[str, Any]] = {"workers 2": {"num_workers": 2}, "auto": {}}
@@ -309,6 +313,36 @@ def defaults_part(reps: int, knobs: list[str]) -> dict[str, Any]:
     return summary
 
 
+def nofile_part(reps: int) -> dict[str, Any]:
+    """The http workload at ``io_concurrency`` 64 and "auto" in clients whose soft open-files
+    limit is ``NOFILE`` (the server keeps this process's): "auto" must stay within it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with http_server(WORKLOADS["http"].items) as server:
+        cases = {
+            f"io_concurrency={value}": {
+                "part": "defaults",
+                "workload": "http",
+                "setting": 64,
+                "options": {"io_concurrency": value},
+                "port": server.port,
+            }
+            for value in KNOBS["io_concurrency"]
+        }
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(NOFILE, hard), hard))  # children inherit
+        try:
+            got = runs(cases, reps)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    table = {name: medians(r, ("items_per_s",)) for name, r in got.items()}
+    print(f"\nhttp at a soft open-files limit of {NOFILE}: items/s, medians of {reps}")
+    for name, rs in got.items():
+        limits = sorted(r["fetch_limit"] for r in rs)
+        print(f"  {name:>20}  {table[name]['items_per_s']:9,.0f}  (fetch limit {limits})")
+    return {"nofile": NOFILE, "table": table, "runs": got}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--part", nargs="+", default=["cpu", "io", "lumpy", "epochs", "defaults"])
@@ -333,6 +367,8 @@ def main() -> None:
         summary["epochs"] = epochs_part(args.reps)
     if "defaults" in args.part:
         summary["defaults"] = defaults_part(args.reps, args.knobs)
+    if "nofile" in args.part:
+        summary["nofile"] = nofile_part(args.reps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
