@@ -60,7 +60,7 @@ class Options:
     #: Where the workers run when not in this machine's processes (``RayEngine``): its
     #: ``num_workers`` become the loader's, and they fetch (``fetch_in_workers``).
     engine: Any = None
-    io_concurrency: int | str = 64  # an int once built ("auto": the cap, with auto_io)
+    io_concurrency: int | str = "auto"  # an int once built ("auto": the cap, with auto_io)
     fetch_in_workers: bool = False
     fetch_threads: int = 1
     #: ``"auto"`` (the loader's default) is accepted too: resolved to the start (with

@@ -9,7 +9,8 @@ waiting is what says the loader is the slow one):
    ``device_transform``).
 3. The engine held 75% of its window or more on average: the workers' CPU (transform and
    collate; with ``fetch_in_workers``, the fetch too).
-4. The samples in flight averaged 75% of ``io_concurrency`` or more: storage.
+4. The samples in flight averaged 75% of the fetch limit or more (``io_concurrency``, or
+   where ``"auto"`` holds it): storage.
 5. Otherwise neither stage is full: the source's own iteration, the sampler, or the event
    loop's thread.
 
@@ -73,15 +74,22 @@ def diagnose(stats: LoaderStats, options: Options) -> Diagnosis:
              "set num_workers to run transform and collate in worker processes")
             + (also if options.fetch_in_workers else ""),
         )  # fmt: skip
-    if stats.fetch_in_flight is not None and (
-        stats.fetch_in_flight >= FETCH_FULL * stats.io_concurrency
-    ):
+    # Under io_concurrency="auto" the limit is where the tuner holds it, not the cap.
+    limit = stats.fetch_limit if options.auto_io else stats.io_concurrency
+    if stats.fetch_in_flight is not None and stats.fetch_in_flight >= FETCH_FULL * limit:
+        knob = (
+            f'io_concurrency="auto" holds {limit}: growing stopped paying (the event loop\'s '
+            "CPU: fetch_in_workers=True) or met its cap (4096, memory_budget, half the open "
+            "files left: ulimit -n)"
+            if options.auto_io
+            else f"raise io_concurrency (now {limit}; try {2 * limit})"
+        )
         return Diagnosis(
             "storage",
             f"waiting on storage: fetch p50 {_ms(stats.fetch_p50_ms)}, p99 "
-            f"{_ms(stats.fetch_p99_ms)}, {stats.fetch_in_flight:.0f} of "
-            f"{stats.io_concurrency} in flight on average (at the limit)",
-            f"raise io_concurrency (now {stats.io_concurrency}; try {2 * stats.io_concurrency})",
+            f"{_ms(stats.fetch_p99_ms)}, {stats.fetch_in_flight:.0f} of {limit} in flight on "
+            "average (at the limit)",
+            knob,
         )
     return Diagnosis(
         "source",

@@ -123,11 +123,13 @@ class AsyncLoader(Generic[T_co]):
             actors on the connected cluster. Its ``num_workers`` is the loader's; the workers
             fetch as with ``fetch_in_workers``. Exclusive with ``executor``.
         io_concurrency: Samples at most being fetched at once: on the event loop, or in
-            total across the workers with ``fetch_in_workers``. ``"auto"``: the limit starts
-            at 64 and doubles while doubling raises the samples/s of a fetch that is at its
-            limit, up to 4096 and to ``memory_budget`` (it steps back when a doubling does
-            not pay, and probes again a second later, so it follows a change in latency);
-            the window of batches follows it (see :mod:`asyncloader._autotune`).
+            total across the workers with ``fetch_in_workers``. Default ``"auto"``: the limit
+            starts at 64 and grows while growing raises the samples/s of a fetch that is at
+            its limit, up to 4096, to ``memory_budget`` and to half the files the process may
+            still open (it steps back when a step does not pay, and probes again a second
+            later, so it follows a change in latency); the window of batches follows it (see
+            :mod:`asyncloader._autotune`). An int fixes it. A sync ``__getitem__`` without
+            workers is called ``fetch_threads`` at a time whatever this says.
         memory_budget: With an ``"auto"`` setting: bytes the samples in flight may hold
             (``io_concurrency``), and bytes the batches in the engine's window may grow to
             (``num_workers`` and ``prefetch``; never below what ``prefetch=2`` holds), each a
@@ -238,7 +240,7 @@ class AsyncLoader(Generic[T_co]):
         transform: Callable[[Any], Any] | None = None,
         executor: Executor | None = None,
         engine: Any = None,
-        io_concurrency: int | str = 64,
+        io_concurrency: int | str = "auto",
         fetch_in_workers: bool = False,
         fetch_threads: int = 1,
         prefetch: int | str | None = None,

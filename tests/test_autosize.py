@@ -245,7 +245,11 @@ def test_persistent_workers_are_rebuilt_when_the_count_changes(cores, monkeypatc
         ({"prefetch_factor": "x", "num_workers": 1}, TypeError, "prefetch_factor"),
         ({"io_concurrency": "fast"}, TypeError, "io_concurrency must be an int or 'auto'"),
         ({"num_workers": "auto", "executor": object()}, TypeError, "executor"),
-        ({"memory_budget": 1 << 20, "prefetch": 2}, ValueError, 'bounds the "auto" settings'),
+        (
+            {"memory_budget": 1 << 20, "prefetch": 2, "io_concurrency": 64},
+            ValueError,
+            'bounds the "auto" settings',
+        ),
     ],
 )
 def test_bad_options_name_themselves(options, error, match):

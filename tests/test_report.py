@@ -3,6 +3,7 @@ cases, one per stage. The workloads wait or burn on purpose: that is what they m
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,6 +62,24 @@ def test_the_report_names_the_stage_that_holds_the_epoch_back(stage):
     loader = CASES[stage]()
     assert loader.bottleneck().stage == stage, loader.report()
     assert f"bottleneck: {stage}:" in loader.report()
+
+
+class WaitingKiB(Waiting):
+    async def __getitem__(self, index: int) -> np.ndarray:
+        await super().__getitem__(index)
+        return np.full(1024, index % 256, np.uint8)
+
+
+def test_under_auto_storage_is_judged_against_the_limit_it_holds():
+    """io_concurrency="auto" (the default) capped at 16 by the memory budget: 16 in flight is
+    the limit, not 4096, and the knob says what holds it."""
+    loader = run(AsyncLoader(WaitingKiB(160, 0.02), batch_size=8, memory_budget=16 << 10))
+    assert loader.stats.fetch_limit == 16 and loader.stats.io_concurrency == 4096
+    diagnosis = loader.bottleneck()
+    assert diagnosis.stage == "storage", loader.report()
+    assert "of 16 in flight" in diagnosis.evidence and 'io_concurrency="auto" holds 16' in (
+        diagnosis.knob
+    )
 
 
 def test_stats_measure_each_stage():
