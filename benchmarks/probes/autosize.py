@@ -44,13 +44,14 @@ import contextlib
 import json
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from benchmarks.checks import Checker
 from benchmarks.loaders import asyncloader_options
-from benchmarks.probes.autotune import BATCH, Latency, rates
+from benchmarks.probes.autotune import Latency, rates, timed_run
 from benchmarks.run_one import measure, prepare, tree_cpu_seconds
 from benchmarks.side_by_side import in_fresh_process
 from benchmarks.workloads import CPU_SHAPE, WORKLOADS, MemorySource, burn, http_server
@@ -123,18 +124,7 @@ def epoch_run(
 
 def io_run(latency_ms: float, options: dict[str, Any], seconds: float) -> dict[str, Any]:
     """``seconds`` of one long epoch of the io samples at ``latency_ms``: samples/s."""
-    from asyncloader import AsyncLoader
-
-    loader = AsyncLoader(Latency(latency_ms / 1000), batch_size=BATCH, **options)
-    start, got, marks = time.perf_counter(), 0, []
-    with loader:
-        for batch in loader:
-            got += len(batch)
-            at = time.perf_counter() - start
-            marks.append((at, got))
-            if at >= seconds:
-                break
-        stats = loader.stats
+    marks, stats = timed_run(Latency(latency_ms / 1000), seconds, **options)
     whole, steady = rates(marks)
     return {"whole": whole, "steady": steady, **settled(stats), "budget": 1 << 30}
 
@@ -210,29 +200,29 @@ def cpu_part(reps: int) -> dict[str, Any]:
         name: {"part": "cpu", "workload": "cpu", "setting": 2, "options": extra}
         for name, extra in CPU_SETTINGS.items()
     }
-    got = runs(cases, reps)
-    table = {name: medians(r, ("items_per_s",)) for name, r in got.items()}
-    best = max((n for n in table if n != "auto"), key=lambda n: table[n]["items_per_s"])
-    ratio = table["auto"]["items_per_s"] / table[best]["items_per_s"]
-    print(f"\ncpu: items/s, medians of {reps}")
-    for name, row in table.items():
-        print(f"  {name:>10}  {row['items_per_s']:8,.0f}")
-    print(f"  auto / best fixed ({best}): {ratio:.2f}; auto ran {got['auto'][0]['num_workers']} "
-          f"workers, prefetch ended at {[r['prefetch'] for r in got['auto']]}")  # fmt: skip
-    return {"table": table, "best_fixed": best, "auto_over_best": ratio, "runs": got}
+    return against_fixed("cpu", cases, ("items_per_s",), reps)
 
 
 def lumpy_part(reps: int) -> dict[str, Any]:
     cases = {name: {"part": "lumpy", "options": o} for name, o in LUMPY_SETTINGS.items()}
+    return against_fixed("lumpy", cases, ("items_per_s", "steady_items_per_s"), reps)
+
+
+def against_fixed(
+    part: str, cases: dict[str, dict[str, Any]], keys: tuple[str, ...], reps: int
+) -> dict[str, Any]:
+    """Runs ``cases`` (fixed settings and "auto"); prints and returns their medians of
+    ``keys`` and "auto" over the best fixed setting (by items/s over the epoch)."""
     got = runs(cases, reps)
-    table = {name: medians(r, ("items_per_s", "steady_items_per_s")) for name, r in got.items()}
+    table = {name: medians(r, keys) for name, r in got.items()}
     best = max((n for n in table if n != "auto"), key=lambda n: table[n]["items_per_s"])
     ratio = table["auto"]["items_per_s"] / table[best]["items_per_s"]
-    print(f"\nlumpy: items/s, medians of {reps} (epoch / after the first batch)")
+    print(f"\n{part}: {' / '.join(keys)}, medians of {reps}")
     for name, row in table.items():
-        print(f"  {name:>11}  {row['items_per_s']:8,.0f}  {row['steady_items_per_s']:8,.0f}")
-    print(f"  auto / best fixed ({best}): {ratio:.2f}; prefetch ended at "
-          f"{[r['prefetch'] for r in got['auto']]}")  # fmt: skip
+        print(f"  {name:>11}  " + "  ".join(f"{row[k]:8,.0f}" for k in keys))
+    auto = got["auto"]
+    print(f"  auto / best fixed ({best}): {ratio:.2f}; auto ran {auto[0]['num_workers']} "
+          f"workers, prefetch ended at {[r['prefetch'] for r in auto]}")  # fmt: skip
     return {"table": table, "best_fixed": best, "auto_over_best": ratio, "runs": got}
 
 
@@ -357,18 +347,17 @@ def main() -> None:
         child(args)
         return
     summary: dict[str, Any] = {"reps": args.reps, "seconds": args.seconds}
-    if "cpu" in args.part:
-        summary["cpu"] = cpu_part(args.reps)
-    if "io" in args.part:
-        summary["io"] = io_part(args.reps, args.seconds)
-    if "lumpy" in args.part:
-        summary["lumpy"] = lumpy_part(args.reps)
-    if "epochs" in args.part:
-        summary["epochs"] = epochs_part(args.reps)
-    if "defaults" in args.part:
-        summary["defaults"] = defaults_part(args.reps, args.knobs)
-    if "nofile" in args.part:
-        summary["nofile"] = nofile_part(args.reps)
+    parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "cpu": lambda: cpu_part(args.reps),
+        "io": lambda: io_part(args.reps, args.seconds),
+        "lumpy": lambda: lumpy_part(args.reps),
+        "epochs": lambda: epochs_part(args.reps),
+        "defaults": lambda: defaults_part(args.reps, args.knobs),
+        "nofile": lambda: nofile_part(args.reps),
+    }
+    for name, part in parts.items():
+        if name in args.part:
+            summary[name] = part()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

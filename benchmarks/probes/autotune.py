@@ -20,6 +20,7 @@ import asyncio
 import json
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -46,12 +47,14 @@ class Latency:
         return np.full(1024, i % 251, np.uint8)
 
 
-def timed_run(source: Latency, setting: str, seconds: float) -> list[tuple[float, int]]:
-    """``(seconds since start, samples so far)`` after each batch, for ``seconds``."""
+def timed_run(
+    source: Latency, seconds: float, **options: Any
+) -> tuple[list[tuple[float, int]], Any]:
+    """``(seconds since start, samples so far)`` after each batch, for ``seconds`` of one
+    epoch of a loader with ``options``; and the loader's stats then."""
     from asyncloader import AsyncLoader
 
-    io = setting if setting == "auto" else int(setting)
-    loader = AsyncLoader(source, batch_size=BATCH, io_concurrency=io)
+    loader = AsyncLoader(source, batch_size=BATCH, **options)
     start, got, marks = time.perf_counter(), 0, []
     with loader:
         for batch in loader:
@@ -60,7 +63,11 @@ def timed_run(source: Latency, setting: str, seconds: float) -> list[tuple[float
             marks.append((at, got))
             if at >= seconds:
                 break
-    return marks
+        return marks, loader.stats
+
+
+def io_setting(setting: str) -> int | str:
+    return setting if setting == "auto" else int(setting)
 
 
 def rates(marks: list[tuple[float, int]]) -> tuple[float, float]:
@@ -73,10 +80,11 @@ def rates(marks: list[tuple[float, int]]) -> tuple[float, float]:
 def child(args: argparse.Namespace) -> None:
     if args.shift:
         source = Latency(0.005, 0.050, time.perf_counter() + args.seconds)
-        marks = timed_run(source, "auto", args.seconds * 2)
+        marks, _ = timed_run(source, args.seconds * 2, io_concurrency="auto")
         print(json.dumps(marks))
         return
-    whole, steady = rates(timed_run(Latency(args.latency_ms / 1000), args.setting, args.seconds))
+    source, io = Latency(args.latency_ms / 1000), io_setting(args.setting)
+    whole, steady = rates(timed_run(source, args.seconds, io_concurrency=io)[0])
     print(json.dumps({"whole": whole, "steady": steady}))
 
 
