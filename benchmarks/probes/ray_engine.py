@@ -11,7 +11,12 @@ the second is the steady state. Every delivered batch is checked
   ``engine=RayEngine(2)``; ``ray data`` is ``ray.data.range(n).map_batches(...)`` making and
   burning the same samples, read with ``iter_torch_batches(batch_size=32)``.
 - ``io``, 20 ms per sample (``async def __getitem__``), ``io_concurrency=1024``, batches of 32:
-  ``local pool`` is ``num_workers=2, fetch_in_workers=True``; ``ray`` is ``RayEngine(2)``.
+  ``local pool`` is ``num_workers=2, fetch_in_workers=True``; ``ray`` is ``RayEngine(2)``;
+  ``ray data`` maps batches of ``ray.data.range(n)`` through 2 actors whose async
+  ``__call__`` awaits a batch's samples together, each actor running up to 16 batches at
+  once (``max_concurrency``: the same 1,024 samples in flight) on half a CPU (with a whole
+  one each, the range's read tasks find no CPU and the dataset never starts), read with
+  ``iter_torch_batches``.
 
 ``python -m benchmarks.probes.ray_engine [--reps 3] [--json PATH] [--batch N] [--only io]``
 (``--batch`` replaces the workloads' batch size; ``--only`` runs one workload's cases).
@@ -30,8 +35,9 @@ from benchmarks import side_by_side
 
 CASES = {
     "cpu": ("local pool", "ray", "ray data"),
-    "io": ("local pool", "ray"),
+    "io": ("local pool", "ray", "ray data"),
 }
+IO_IN_FLIGHT = 1024
 ITEMS = {"cpu": 4000, "io": 40_000}
 KEYS = ("first_epoch", "steady")
 
@@ -43,7 +49,7 @@ def _asyncloader(workload: str, kind: str, items: int, batch: int) -> Any:
     if workload == "cpu":
         dataset, options = MemorySource(items), {"transform": burn}
     else:
-        dataset, options = AsyncSleepSource(items), {"io_concurrency": 1024}
+        dataset, options = AsyncSleepSource(items), {"io_concurrency": IO_IN_FLIGHT}
     if kind == "ray":
         from asyncloader.ray import RayEngine
 
@@ -54,7 +60,25 @@ def _asyncloader(workload: str, kind: str, items: int, batch: int) -> Any:
     return AsyncLoader(dataset, batch_size=batch, persistent_workers=True, **options)
 
 
-def _ray_data_epochs(items: int, batch: int) -> Any:
+class _Fetch:
+    """Ray Data's form of the io workload: an actor whose async ``__call__`` awaits a batch's
+    samples at once (``AsyncSleepSource``'s 20 ms each), many batches at a time."""
+
+    def __init__(self, items: int) -> None:
+        from benchmarks.workloads import AsyncSleepSource
+
+        self.source = AsyncSleepSource(items)
+
+    async def __call__(self, batch: dict[str, Any]) -> Any:
+        import asyncio
+
+        import numpy as np
+
+        samples = await asyncio.gather(*(self.source[int(i)] for i in batch["id"]))
+        yield {"x": np.stack(samples)}
+
+
+def _ray_data_epochs(workload: str, items: int, batch: int) -> Any:
     import numpy as np
     import ray
 
@@ -64,7 +88,19 @@ def _ray_data_epochs(items: int, batch: int) -> Any:
     def make(batch: dict[str, Any]) -> dict[str, Any]:
         return {"x": np.stack([burn(make_sample(int(i), CPU_SHAPE)) for i in batch["id"]])}
 
-    dataset = ray.data.range(items).map_batches(make, batch_size=batch)
+    if workload == "io":
+        # 2 actors, as many batches in flight as 1024 samples make. Half a CPU each: with one
+        # each, the 2-CPU cluster has none left for the range's read tasks and never starts.
+        dataset = ray.data.range(items).map_batches(
+            _Fetch,
+            batch_size=batch,
+            compute=ray.data.ActorPoolStrategy(size=2),
+            num_cpus=0.5,
+            fn_constructor_args=(items,),
+            max_concurrency=IO_IN_FLIGHT // batch // 2,
+        )
+    else:
+        dataset = ray.data.range(items).map_batches(make, batch_size=batch)
     ray.data.DataContext.get_current().enable_progress_bars = False
     return lambda: (b["x"] for b in dataset.iter_torch_batches(batch_size=batch))
 
@@ -81,7 +117,7 @@ def _one(workload: str, kind: str, batch: int) -> dict:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     epochs: list[float] = []
     if kind == "ray data":
-        epoch_of = _ray_data_epochs(items, batch)
+        epoch_of = _ray_data_epochs(workload, items, batch)
         close = lambda: None  # noqa: E731
     else:
         loader = _asyncloader(workload, kind, items, batch)
