@@ -121,19 +121,18 @@ class PrefetchTuner:
 
     Args:
         budget: Bytes the batches in the window may hold.
-        start: The clock (``perf_counter``) now.
     """
 
-    def __init__(self, budget: int, start: float) -> None:
+    def __init__(self, budget: int) -> None:
         self.prefetch = PREFETCH_START
         self._budget = budget
         self._cap = PREFETCH_CAP
         self._workers = 1
         self._grown_from: tuple[int, float] | None = None  # (prefetch, batches/s) before
         self._held_until = 0.0
-        self.restart(start, 1)
+        self.restart(1)
 
-    def restart(self, at: float, workers: int) -> None:
+    def restart(self, workers: int) -> None:
         """A new epoch, with ``workers`` workers: ``prefetch`` stays; the first round starts
         at the epoch's first batch (its start-up, workers spawning, is no part of a rate)."""
         self._workers = max(1, workers)

@@ -132,7 +132,7 @@ class Epoch:
         # Each worker's own iteration is asked prefetch batches ahead once: it stays there.
         self._prefetcher = prefetch_tuner if not options.worker_streams else None
         if self._prefetcher is not None:
-            self._prefetcher.restart(now(), options.num_workers)
+            self._prefetcher.restart(options.num_workers)
         self.prefetch = self._prefetcher.prefetch if self._prefetcher else options.prefetch
         self._fetcher: Fetcher | None = None
         self._transformer: Transformer | None = None

@@ -201,13 +201,14 @@ class ProcessPool:
         # The manager thread joins the workers it asked to exit: let it, before this thread
         # joins them too. Two threads polling one forkserver sentinel race, and the loser
         # records exit code 255 for a clean exit (a holder of iterator._workers reads it).
-        ours = manager is not None and manager is not threading.current_thread()
+        if manager is threading.current_thread():  # (a finalizer may run this there)
+            manager = None
         deadline = time.monotonic() + grace
-        if ours:
+        if manager is not None:
             manager.join(grace)
         stop_processes(processes, max(0.0, deadline - time.monotonic()))
-        if ours:
-            manager.join()  # (a finalizer may run this on the manager thread itself)
+        if manager is not None:
+            manager.join()
         # The counter's lock and the queues held by the Process objects are named semaphores
         # in /dev/shm until collected: drop them now, not when the loader goes.
         self._counter = None

@@ -265,9 +265,12 @@ class AsyncLoader(Generic[T_co]):
             dataset=dataset,
             batch_size=batch_size, shuffle=shuffle, sampler=sampler,
             batch_sampler=batch_sampler, drop_last=drop_last, collate_fn=collate_fn,
-            transform=transform, num_workers=num_workers, executor=executor, engine=engine,
+            # num_workers and prefetch may be "auto": Options resolves them to ints
+            transform=transform, executor=executor, engine=engine,
+            num_workers=num_workers,  # type: ignore[arg-type]
+            prefetch=prefetch,  # type: ignore[arg-type]
             io_concurrency=io_concurrency, fetch_in_workers=fetch_in_workers,
-            fetch_threads=fetch_threads, prefetch=prefetch,
+            fetch_threads=fetch_threads,
             in_order=in_order, pin_memory=pin_memory, pin_memory_device=pin_memory_device,
             device=device, device_transform=device_transform, timeout=timeout,
             worker_init_fn=worker_init_fn,
@@ -296,7 +299,7 @@ class AsyncLoader(Generic[T_co]):
         self._worker_tuner = None
         if options.auto_workers and not options.worker_streams:
             self._worker_tuner = WorkerTuner(options.num_workers, budget)
-        self._prefetch_tuner = PrefetchTuner(budget, now()) if options.auto_prefetch else None
+        self._prefetch_tuner = PrefetchTuner(budget) if options.auto_prefetch else None
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
         # Between epochs the dataset's own state is saved: a map-style one's, or an iterable's

@@ -143,8 +143,8 @@ def window_bound(rate_per_slot, ceiling):
 
 
 def test_prefetch_doubles_while_it_pays_and_steps_back_when_it_stops():
-    tuner = PrefetchTuner(GIB, 0.0)
-    tuner.restart(0.0, 2)
+    tuner = PrefetchTuner(GIB)
+    tuner.restart(2)
     seen = drive(tuner, 400, window_bound(100, 500))
     # 2 -> 4 -> 8 pays (200/s -> 400/s -> 500/s); 16 does not: back to 8
     assert seen[:5] == [2, 4, 8, 16, 8]
@@ -153,18 +153,18 @@ def test_prefetch_doubles_while_it_pays_and_steps_back_when_it_stops():
 
 @pytest.mark.parametrize(("stalled", "full"), [(False, True), (True, False)])
 def test_prefetch_stays_unless_the_consumer_waits_on_a_full_window(stalled, full):
-    tuner = PrefetchTuner(GIB, 0.0)
-    tuner.restart(0.0, 2)
+    tuner = PrefetchTuner(GIB)
+    tuner.restart(2)
     assert drive(tuner, 400, window_bound(100, 500), stalled, full) == [PREFETCH_START]
 
 
 def test_the_memory_budget_caps_prefetch_growth_but_never_below_the_start():
-    tuner = PrefetchTuner(8 << 20, 0.0)  # 8 MiB for 2 workers' batches of 1 MiB: prefetch 4
-    tuner.restart(0.0, 2)
+    tuner = PrefetchTuner(8 << 20)  # 8 MiB for 2 workers' batches of 1 MiB: prefetch 4
+    tuner.restart(2)
     assert tuner.measured(1 << 20) is None
     assert max(drive(tuner, 400, window_bound(100, 10_000))) == 4
-    small = PrefetchTuner(1 << 20, 0.0)  # not even the start fits: it stays at the start
-    small.restart(0.0, 2)
+    small = PrefetchTuner(1 << 20)  # not even the start fits: it stays at the start
+    small.restart(2)
     assert small.measured(1 << 20) is None
     assert drive(small, 400, window_bound(100, 10_000)) == [PREFETCH_START]
 

@@ -8,10 +8,9 @@ import resource
 import numpy as np
 import pytest
 
-from asyncloader import AsyncLoader
-from asyncloader import _autotune
+from asyncloader import AsyncLoader, _autotune
 from asyncloader._autotune import CAP, HOLD_S, START, FetchTuner
-from asyncloader._epoch import Window
+from asyncloader._window import Window
 from tests.helpers import Waiting
 from tests.helpers.contracts import check_bounded_window, check_exactly_once
 
