@@ -41,7 +41,10 @@ class Claim:
 
 
 _claims: dict[int, Claim] = {}
-_claims_lock = threading.Lock()
+# Reentrant: the cyclic garbage collector may run at any allocation made under it (making
+# the finalizer below, for one) and collect another dataset, whose finalizer takes it again
+# on this thread. A plain Lock deadlocked there.
+_claims_lock = threading.RLock()
 
 
 def claim_for(dataset: Any) -> Claim:
