@@ -5,7 +5,7 @@ asyncloader's own process pool the :class:`BatchPlan` (dataset, transform, colla
 each worker once, through the pool's initializer; tasks then carry only ``(seq, indices)`` or
 the raw samples fetched on the event loop. With a user executor or without workers the plan
 travels with each task instead (by reference in threads, pickled for a foreign process pool).
-A batch made in a worker process leaves it through :func:`asyncloader._transport.to_shared`.
+A batch made in a worker process leaves it through :func:`leave_worker`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ from typing import TYPE_CHECKING, Any
 from asyncloader._failure import Failure
 from asyncloader._seeding import Seeds, call_seeded
 from asyncloader._skip import Skip, Trimmed
-from asyncloader._transport import to_shared
-from asyncloader._worker import init_failure, mark_running, shares_batches, worker_plan
+from asyncloader._transport import by_value, to_shared
+from asyncloader._worker import (
+    get_worker_info,
+    init_failure,
+    mark_running,
+    shares_batches,
+    worker_plan,
+)
 
 if TYPE_CHECKING:
     from asyncloader._options import Options
@@ -54,6 +60,17 @@ class BatchPlan:
             batched=options.batched,
             skip=options.on_error == "skip",
         )
+
+
+def leave_worker(batch: Any) -> Any:
+    """``batch`` ready to leave this process: through shared memory from a worker of this
+    machine's pool; by value from a Ray actor (numpy arrays travel out of band there, where
+    a tensor is pickled whole by ``torch.save``); as it is anywhere else."""
+    if shares_batches():
+        return to_shared(batch)
+    if get_worker_info() is not None:
+        return by_value(batch)
+    return batch
 
 
 def run_batch(
@@ -108,10 +125,8 @@ def run_batch(
         batch = call_seeded(
             epoch_seed, -1 - seq, plan.collate, samples if plan.batched else samples[0]
         )
-        if shares_batches():
-            stage = "share"
-            batch = to_shared(batch)
-        return batch
+        stage = "share"
+        return leave_worker(batch)
     except Exception as exc:
         return Failure.capture(exc, stage, seq, indices, index)
     finally:
@@ -159,9 +174,8 @@ def run_skipping(
         values = [sample for _, sample in kept]
         collated = values if plan.batched else values[0]
         batch = call_seeded(epoch_seed, -1 - seq, plan.collate, collated)
-        if shares_batches():
-            stage = "share"
-            batch = to_shared(batch)
+        stage = "share"
+        batch = leave_worker(batch)
     except Exception as exc:
         batch = Failure.capture(exc, stage, seq, indices)
     return Trimmed(batch, skips) if skips else batch

@@ -107,16 +107,23 @@ def _by_value(x: Any, found: list[bool]) -> Any:
     return DESCEND
 
 
+def by_value(batch: Any) -> Any:
+    """Readies a batch to leave a worker by value: its plain tensors as numpy arrays, which
+    pickle protocol 5 (and Ray's object store) can carry out of band; see :func:`from_shared`."""
+    found: list[bool] = []
+    packed = map_structure(batch, lambda x: _by_value(x, found))
+    return WithArrays(packed) if found else packed
+
+
 def to_shared(batch: Any) -> Any:
     """Readies a batch to leave a worker: by value when small, else in shared memory.
 
     Raises:
         OSError: Shared memory is full (ENOSPC), with how to make room.
     """
-    found: list[bool] = []
     if nbytes(batch) < BY_VALUE_BYTES:
-        packed = map_structure(batch, lambda x: _by_value(x, found))
-        return WithArrays(packed) if found else packed
+        return by_value(batch)
+    found: list[bool] = []
     try:
         shared = map_structure(batch, lambda x: _share(x, found))
     except RuntimeError as exc:

@@ -40,6 +40,7 @@ from asyncloader._plan import BatchPlan
 from asyncloader._procs import worker_specs
 from asyncloader._seeding import Seeds
 from asyncloader._structure import DESCEND, map_structure
+from asyncloader._transport import TensorValue, WithArrays
 from asyncloader._worker import init_failure, setup_worker
 from asyncloader._worker_loop import StreamOpen, WorkerCore, WorkerSpec
 from asyncloader.errors import WorkerCrashedError
@@ -118,8 +119,12 @@ class RayWorker:
 
 
 def _writable(x: Any) -> Any:
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
-        return x.copy()
+    if isinstance(x, np.ndarray):
+        return x if x.flags.writeable else x.copy()
+    if isinstance(x, TensorValue):  # a tensor sent as an array (by_value): its own copy too
+        return x if x.array.flags.writeable else TensorValue(x.array.copy())
+    if isinstance(x, WithArrays):
+        return WithArrays(map_structure(x.batch, _writable))
     return DESCEND
 
 

@@ -9,11 +9,14 @@ and async iterables, sharded tar streams).
 
 from __future__ import annotations
 
+import functools
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -151,14 +154,24 @@ def test_with_max_restarts_a_dead_actor_is_replaced_and_its_batches_come_once():
         assert (Path(folder) / "died").exists(), "no actor died: the test tested nothing"
 
 
-def test_batches_are_writable_and_do_not_alias_the_object_store():
+@pytest.mark.parametrize("collate_fn", [np.stack, None], ids=["numpy", "tensors"])
+def test_batches_are_writable_and_do_not_alias_the_object_store(collate_fn):
+    """Arrays, and tensors (sent as arrays, out of band), come back as copies of their own:
+    torch warns when it wraps a read-only array of the object store, an error here. Batches
+    of 256 KiB: smaller ones come inline, never in the store."""
     made = AsyncLoader(
-        SyncSource(8), batch_size=4, collate_fn=np.stack, engine=RayEngine(2),
-        persistent_workers=True,
+        SyncSource(8), batch_size=4, collate_fn=collate_fn, engine=RayEngine(2),
+        persistent_workers=True, transform=functools.partial(np.resize, new_shape=8192),
     )  # fmt: skip
     try:
-        first = next(iter(made))
-        assert isinstance(first, np.ndarray) and first.flags.writeable
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            first = next(iter(made))
+        if collate_fn is None:
+            assert isinstance(first, torch.Tensor)
+            assert torch.equal(first[:, 0], torch.tensor([0, 1, 2, 3], dtype=first.dtype))
+        else:
+            assert isinstance(first, np.ndarray) and first.flags.writeable
         first[:] = -1
         assert indices_of(made)[:4] == [0, 1, 2, 3]
     finally:
