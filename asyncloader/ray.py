@@ -39,6 +39,7 @@ from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._procs import worker_specs
 from asyncloader._seeding import Seeds
+from asyncloader._skip import Trimmed
 from asyncloader._structure import DESCEND, map_structure
 from asyncloader._transport import TensorValue, WithArrays
 from asyncloader._worker import init_failure, setup_worker
@@ -125,6 +126,9 @@ def _writable(x: Any) -> Any:
         return x if x.array.flags.writeable else TensorValue(x.array.copy())
     if isinstance(x, WithArrays):
         return WithArrays(map_structure(x.batch, _writable))
+    if isinstance(x, Trimmed):  # a batch some samples were skipped from: its batch too
+        x.batch = map_structure(x.batch, _writable)
+        return x
     return DESCEND
 
 

@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray")
 from asyncloader import AsyncLoader  # noqa: E402
 from asyncloader.errors import WorkerCrashedError  # noqa: E402
 from asyncloader.ray import RayEngine  # noqa: E402
-from tests.helpers import CodedError, DieAt, SyncSource, indices_of  # noqa: E402
+from tests.helpers import CodedError, DieAt, FailingSource, SyncSource, indices_of  # noqa: E402
 from tests.helpers.contracts import (  # noqa: E402
     check_exactly_once,
     check_order,
@@ -155,25 +155,30 @@ def test_with_max_restarts_a_dead_actor_is_replaced_and_its_batches_come_once():
 
 
 @pytest.mark.parametrize("collate_fn", [np.stack, None], ids=["numpy", "tensors"])
-def test_batches_are_writable_and_do_not_alias_the_object_store(collate_fn):
-    """Arrays, and tensors (sent as arrays, out of band), come back as copies of their own:
-    torch warns when it wraps a read-only array of the object store, an error here. Batches
-    of 256 KiB: smaller ones come inline, never in the store."""
+@pytest.mark.parametrize("trimmed", [False, True], ids=["whole", "trimmed"])
+def test_batches_are_writable_and_do_not_alias_the_object_store(collate_fn, trimmed):
+    """Arrays, and tensors (sent as arrays, out of band), come back as copies of their own,
+    also in a batch a skipped sample was left out of: torch warns when it wraps a read-only
+    array of the object store, an error here. Batches of 192 KiB or more: smaller ones come
+    inline, never in the store."""
+    source = FailingSource(8, bad=3) if trimmed else SyncSource(8)
     made = AsyncLoader(
-        SyncSource(8), batch_size=4, collate_fn=collate_fn, engine=RayEngine(2),
+        source, batch_size=4, collate_fn=collate_fn, engine=RayEngine(2),
         persistent_workers=True, transform=functools.partial(np.resize, new_shape=8192),
+        on_error="skip" if trimmed else "raise", max_skipped=1 if trimmed else None,
     )  # fmt: skip
+    expected = [0, 1, 2] if trimmed else [0, 1, 2, 3]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             first = next(iter(made))
         if collate_fn is None:
             assert isinstance(first, torch.Tensor)
-            assert torch.equal(first[:, 0], torch.tensor([0, 1, 2, 3], dtype=first.dtype))
+            assert first[:, 0].tolist() == expected
         else:
             assert isinstance(first, np.ndarray) and first.flags.writeable
         first[:] = -1
-        assert indices_of(made)[:4] == [0, 1, 2, 3]
+        assert indices_of(made)[: len(expected)] == expected
     finally:
         made.close()
 
