@@ -152,6 +152,13 @@ def test_dataset_is_shipped_once_per_worker_not_per_task(mp_context, pickles):
     # Loaders of earlier tests kept in reference cycles (a caught exception's traceback holds
     # its iterator, and that its loader) go now: their loop threads would make fork unsafe.
     gc.collect()
+    # So would a thread of an earlier test still ending (a pool's reaper): wait for it, and
+    # name any that does not end rather than fail on the count below.
+    if mp_context is None:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread():
+                thread.join(10)
+        assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
     CountedPickles.pickled = 0
     loader = AsyncLoader(CountedPickles(100), batch_size=2, num_workers=2, mp_context=mp_context)
     assert indices_of(loader) == list(range(100))
