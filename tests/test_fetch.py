@@ -18,11 +18,19 @@ class Gate:
         self.peak = 0
         self.calls: list[int] = []
         self.open = asyncio.Event()
+        self._entered = asyncio.Condition()
+
+    async def active_reaches(self, n: int) -> None:
+        """Returns once ``n`` fetches are held in the gate at once."""
+        async with self._entered:
+            await self._entered.wait_for(lambda: self.active >= n)
 
     async def get(self, index: int) -> int:
         self.calls.append(index)
         self.active += 1
         self.peak = max(self.peak, self.active)
+        async with self._entered:
+            self._entered.notify_all()
         try:
             await self.open.wait()
             if index == 13:
@@ -45,19 +53,13 @@ async def running(get, io_concurrency: int):
             fetcher.close()
 
 
-async def settle() -> None:
-    """Lets every ready task on the loop run until they all wait."""
-    for _ in range(20):
-        await asyncio.sleep(0)
-
-
 @pytest.mark.asyncio
 async def test_never_more_than_io_concurrency_fetches_at_once():
     """With all fetches held open, exactly io_concurrency of them are in flight."""
     gate = Gate()
     async with running(gate.get, 5) as (tg, fetcher):
         batches = [tg.create_task(fetcher.fetch(s, list(range(s * 4, s * 4 + 4)))) for s in (0, 1)]
-        await settle()
+        await gate.active_reaches(5)
         assert gate.active == 5 and fetcher.fetching == 5
         gate.open.set()
         results = await asyncio.gather(*batches)
@@ -88,7 +90,6 @@ async def test_runners_are_reused_across_batches_and_end_after_close():
                 10 * seq + 10,
                 10 * seq + 20,
             ]
-        await settle()
         assert len(spawned) == 3 and len(runner_tasks()) == 3, "parked, not ended"
         fetcher.close()
     assert runner_tasks() == [] and fetcher._runners == 0
@@ -150,9 +151,9 @@ async def test_a_cancelled_fetch_drops_its_queued_samples():
         first = tg.create_task(fetcher.fetch(0, [1]))
         dropped = tg.create_task(fetcher.fetch(1, [2, 3]))
         kept = tg.create_task(fetcher.fetch(2, [4]))
-        await settle()
+        await gate.active_reaches(1)
         dropped.cancel()
-        await settle()
+        await asyncio.wait({dropped})
         gate.open.set()
         assert await first == [10] and await kept == [40]
     assert dropped.cancelled()
@@ -170,7 +171,7 @@ async def test_cancelling_the_task_group_stops_runners_mid_fetch():
             tg.create_task(fetcher.fetch(0, list(range(10))))
 
     task = asyncio.create_task(epoch())
-    await settle()
+    await gate.active_reaches(3)
     assert gate.active == 3
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -43,11 +43,15 @@ async def test_in_order_holds_later_batches_until_the_missing_one_arrives():
     buf.put(2, "batch2")
     buf.put(1, "batch1")
     getter = asyncio.create_task(buf.get())
-    await asyncio.sleep(0)
-    assert not getter.done()
-    assert len(buf) == 2 and buf.next_seq == 0
-    buf.put(0, "batch0")
+    seen = {}
+
+    def arrive() -> None:  # runs after the getter's first step (the loop runs them in order)
+        seen.update(done=getter.done(), held=len(buf), next=buf.next_seq)
+        buf.put(0, "batch0")
+
+    asyncio.get_running_loop().call_soon(arrive)
     assert await getter == (0, "batch0")
+    assert seen == {"done": False, "held": 2, "next": 0}
     assert await buf.get() == (1, "batch1")
     assert await buf.get() == (2, "batch2")
 
@@ -67,10 +71,16 @@ async def test_fail_wakes_a_waiting_consumer_with_the_error():
     """A consumer blocked in get() receives the error passed to fail()."""
     buf = ReorderBuffer(True)
     getter = asyncio.create_task(buf.get())
-    await asyncio.sleep(0)
-    buf.fail(KeyError("boom"))
+    seen = {}
+
+    def fail() -> None:  # runs after the getter's first step, which leaves it waiting
+        seen["waiting"] = not getter.done()
+        buf.fail(KeyError("boom"))
+
+    asyncio.get_running_loop().call_soon(fail)
     with pytest.raises(KeyError, match="boom"):
         await getter
+    assert seen == {"waiting": True}
 
 
 @pytest.mark.asyncio

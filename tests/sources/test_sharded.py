@@ -173,7 +173,6 @@ def test_breaking_out_cancels_the_readers(http_server):
         async with AsyncLoader(source, batch_size=4, collate_fn=list) as loader:
             async for _ in loader:
                 break
-        await asyncio.sleep(0)
         others = asyncio.all_tasks() - {asyncio.current_task()}
         return {t.get_name() for t in others}
 
