@@ -143,6 +143,7 @@ class Epoch:
         self._device_room = asyncio.Semaphore(options.device_depth or 1)
         self._inflight: dict[int, Sequence[Any]] = {}  # seq -> indices, until handed over
         self.meter = EpochMeter()
+        self._sized = False  # the first batch was measured (meter.batch_bytes)
         self._task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on, once started
 
@@ -210,13 +211,17 @@ class Epoch:
         indices = self._inflight.pop(seq, None)
         if indices is not None:
             self.meter.samples += len(indices)
-        if not self.meter.batch_bytes and not isinstance(item, Failure):
+        if not self._sized and not isinstance(item, Failure):
             self._measured(item)
         return seq, item
 
     def _measured(self, item: Any) -> None:
-        """The first batch's size: ``prefetch="auto"`` keeps the window within the budget."""
+        """The first batch's size, once (a batch of no tensors or arrays measures 0 bytes):
+        ``prefetch="auto"`` keeps the window within the budget."""
         batch = item.batch if type(item) is Trimmed else item
+        if batch is None:  # every sample of it was skipped: the next one is measured
+            return
+        self._sized = True
         self.meter.batch_bytes = nbytes(batch)
         tuner, size = self._prefetcher, self.meter.batch_bytes
         if tuner is not None and size and tuner.measured(size) is not None:
