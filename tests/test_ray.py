@@ -9,10 +9,14 @@ and async iterables, sharded tar streams).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import tempfile
 import warnings
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,9 +25,17 @@ import torch
 ray = pytest.importorskip("ray")
 
 from asyncloader import AsyncLoader  # noqa: E402
+from asyncloader._plan import BatchPlan  # noqa: E402
 from asyncloader.errors import WorkerCrashedError  # noqa: E402
-from asyncloader.ray import RayEngine  # noqa: E402
-from tests.helpers import CodedError, DieAt, FailingSource, SyncSource, indices_of  # noqa: E402
+from asyncloader.ray import MAX_PER_CALL, RayEngine, RayWorkers, per_call  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    AsyncSource,
+    CodedError,
+    DieAt,
+    FailingSource,
+    SyncSource,
+    indices_of,
+)
 from tests.helpers.contracts import (  # noqa: E402
     check_exactly_once,
     check_order,
@@ -196,3 +208,128 @@ def test_engine_arguments_are_checked():
     with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
         RayEngine(0)
     assert AsyncLoader(SyncSource(4), engine=RayEngine(3)).num_workers == 3
+
+
+# -- how requests travel to the actors: several in one call ------------------------------------
+
+
+class FakeActor:
+    """An actor handle whose ``run`` calls the test answers itself: ``calls`` holds each
+    call's requests and the future that answers it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list, Future]] = []
+        self.run = SimpleNamespace(remote=self._run)
+
+    def _run(self, requests: list) -> SimpleNamespace:
+        answer: Future = Future()
+        self.calls.append((requests, answer))
+        return SimpleNamespace(future=lambda: answer)
+
+    def sizes(self) -> list[int]:
+        return [len(requests) for requests, _ in self.calls]
+
+    def answer(self, call: int, *failures: int) -> None:
+        """Answers call ``call``: each request's result is its batch number, except those at
+        the positions in ``failures``, which raise CodedError."""
+        requests, answer = self.calls[call]
+        answer.set_result(
+            [(False, CodedError("bad", code=i)) if i in failures else (True, args[0])
+             for i, (_, args) in enumerate(requests)]
+        )  # fmt: skip
+
+
+def fake_workers() -> tuple[RayWorkers, list[FakeActor]]:
+    engine = RayEngine(2)
+    options = AsyncLoader(SyncSource(8), engine=engine)._options
+    workers = RayWorkers(engine, options, BatchPlan.of(options), 0)
+    workers._actors = actors = [FakeActor(), FakeActor()]
+    return workers, actors
+
+
+async def turn_ended() -> None:
+    """Returns once the callbacks the loop already holds have run (callbacks run in order)."""
+    done = asyncio.Event()
+    asyncio.get_running_loop().call_soon(done.set)
+    await done.wait()
+
+
+def submit(workers: RayWorkers, seqs) -> list[Future]:
+    return [workers.submit(seq, [seq], None, None) for seq in seqs]
+
+
+def test_per_call_is_half_what_an_actor_holds_up_to_a_cap():
+    assert [per_call(n) for n in (0, 1, 2, 3, 5, 16)] == [1, 1, 1, 1, 2, 8]
+    assert per_call(1000) == MAX_PER_CALL
+
+
+@pytest.mark.asyncio
+async def test_requests_of_one_loop_turn_leave_together_in_calls_of_half_the_load():
+    workers, actors = fake_workers()
+    futures = submit(workers, range(32))
+    assert actors[0].calls == [] and actors[1].calls == [], "sent before the turn ended"
+    await turn_ended()
+    assert actors[0].sizes() == actors[1].sizes() == [8, 8]
+    sent = sorted(args[0] for a in actors for requests, _ in a.calls for _, args in requests)
+    assert sent == list(range(32)), "every batch asked for once"
+    actors[0].answer(0)
+    answered = [f.result(0) for f in futures if f.done()]
+    assert sorted(answered) == sorted(args[0] for _, args in actors[0].calls[0][0])
+
+
+@pytest.mark.asyncio
+async def test_a_short_rest_waits_while_the_actor_has_a_call_in_flight_and_leaves_after():
+    workers, actors = fake_workers()
+    first = submit(workers, range(32))
+    await turn_ended()
+    actors[0].answer(0)  # actor 0 now holds 8, actor 1 holds 16
+    rest = submit(workers, range(32, 37))  # to actor 0, the least loaded
+    await turn_ended()
+    assert actors[0].sizes() == [8, 8], "5 of 13 held are fewer than a call's worth (6)"
+    actors[0].answer(1)
+    await turn_ended()
+    assert actors[0].sizes() == [8, 8, 2, 2], "an answer sends what waited: by 2 of 5 held"
+    actors[0].answer(2)
+    await turn_ended()
+    assert actors[0].sizes() == [8, 8, 2, 2, 1], "the last one once fewer than 2 are in flight"
+    for call in (3, 4):
+        actors[0].answer(call)
+    assert [f.result(0) for f in rest] == [32, 33, 34, 35, 36]
+    assert sum(f.done() for f in first) == 16
+
+
+@pytest.mark.asyncio
+async def test_a_request_that_raised_fails_alone_and_a_dead_actor_fails_all_it_held():
+    workers, actors = fake_workers()
+    futures = submit(workers, range(32))
+    await turn_ended()
+    actors[0].answer(0, 1)
+    requests = actors[0].calls[0][0]
+    outcomes = {args[0]: futures[args[0]] for _, args in requests}
+    failed = requests[1][1][0]
+    with pytest.raises(CodedError):
+        outcomes.pop(failed).result(0)
+    assert all(f.result(0) == seq for seq, f in outcomes.items())
+    actors[1].calls[0][1].set_exception(ray.exceptions.RayActorError())
+    lost = [args[0] for _, args in actors[1].calls[0][0]]
+    for seq in lost:
+        with pytest.raises(BrokenProcessPool):
+            futures[seq].result(0)
+    assert workers.broken
+    with pytest.raises(BrokenProcessPool):
+        workers.submit(99, [99], None, None)
+    held = lost + [args[0] for _, args in actors[1].calls[1][0]]
+    assert all(f"batch {seq}" in workers.describe_crash({}) for seq in held)
+
+
+def test_a_loader_sends_its_batches_in_fewer_calls_than_batches(monkeypatch):
+    calls = []
+    call = RayWorkers._call
+    monkeypatch.setattr(
+        RayWorkers,
+        "_call",
+        lambda self, w, requests: calls.append(len(requests)) or call(self, w, requests),
+    )
+    made = AsyncLoader(AsyncSource(64), batch_size=2, io_concurrency=64, engine=RayEngine(2))
+    assert indices_of(made) == list(range(64))
+    assert sum(calls) == 32 and len(calls) <= 16, f"calls of {calls} requests"
