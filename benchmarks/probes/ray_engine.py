@@ -18,8 +18,9 @@ the second is the steady state. Every delivered batch is checked
   one each, the range's read tasks find no CPU and the dataset never starts), read with
   ``iter_torch_batches``.
 
-``python -m benchmarks.probes.ray_engine [--reps 3] [--json PATH] [--batch N] [--only io]``
-(``--batch`` replaces the workloads' batch size; ``--only`` runs one workload's cases).
+``python -m benchmarks.probes.ray_engine [--reps 3] [--json PATH] [--batch N] [--only io]
+[--prefetch N]`` (``--batch`` replaces the workloads' batch size; ``--only`` runs one
+workload's cases; ``--prefetch`` fixes asyncloader's ``prefetch``, "auto" by default).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ ITEMS = {"cpu": 4000, "io": 40_000}
 KEYS = ("first_epoch", "steady")
 
 
-def _asyncloader(workload: str, kind: str, items: int, batch: int) -> Any:
+def _asyncloader(workload: str, kind: str, items: int, batch: int, prefetch: int = 0) -> Any:
     from asyncloader import AsyncLoader
     from benchmarks.workloads import AsyncSleepSource, MemorySource, burn
 
@@ -50,6 +51,8 @@ def _asyncloader(workload: str, kind: str, items: int, batch: int) -> Any:
         dataset, options = MemorySource(items), {"transform": burn}
     else:
         dataset, options = AsyncSleepSource(items), {"io_concurrency": IO_IN_FLIGHT}
+    if prefetch:
+        options["prefetch"] = prefetch
     if kind == "ray":
         from asyncloader.ray import RayEngine
 
@@ -105,7 +108,7 @@ def _ray_data_epochs(workload: str, items: int, batch: int) -> Any:
     return lambda: (b["x"] for b in dataset.iter_torch_batches(batch_size=batch))
 
 
-def _one(workload: str, kind: str, batch: int) -> dict:
+def _one(workload: str, kind: str, batch: int, prefetch: int = 0) -> dict:
     from benchmarks.checks import Checker
     from benchmarks.workloads import WORKLOADS
 
@@ -120,7 +123,7 @@ def _one(workload: str, kind: str, batch: int) -> dict:
         epoch_of = _ray_data_epochs(workload, items, batch)
         close = lambda: None  # noqa: E731
     else:
-        loader = _asyncloader(workload, kind, items, batch)
+        loader = _asyncloader(workload, kind, items, batch, prefetch)
         epoch_of, close = (lambda: iter(loader)), loader.close
     for _ in range(2):
         checker = Checker(items, WORKLOADS[workload].shape)
@@ -139,16 +142,18 @@ def main() -> None:
     parser.add_argument("--json", help="also write the medians here")
     parser.add_argument("--batch", type=int, default=0)
     parser.add_argument("--only", choices=sorted(CASES))
+    parser.add_argument("--prefetch", type=int, default=0)
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(_one(*args.one, args.batch)))
+        print(json.dumps(_one(*args.one, args.batch, args.prefetch)))
         return
     chosen = [args.only] if args.only else list(CASES)
     runs = {(w, k): [] for w in chosen for k in CASES[w]}
     for _ in range(args.reps):
         for workload, kind in runs:
-            one = ("benchmarks.probes.ray_engine", "--one", workload, kind, "--batch", args.batch)
+            one = ("benchmarks.probes.ray_engine", "--one", workload, kind)
+            one += ("--batch", args.batch, "--prefetch", args.prefetch)
             runs[workload, kind].append(side_by_side.in_fresh_process(*one))
     medians = {
         f"{w}/{k}": {key: statistics.median(r[key] for r in rs) for key in KEYS}
