@@ -178,8 +178,10 @@ class RayWorkers:
         self._held: dict[Any, int] = {}  # request key -> actor
         self._dead: dict[int, tuple[str, list[Any]]] = {}  # actor -> (why, keys it held)
         self._outbox: list[list[_Request]] = [[] for _ in range(n)]  # requests not yet sent
-        self._flushing = False  # a flush is scheduled
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the newest request
+        # the loop a flush is scheduled on: a request from another (a new epoch's, after the
+        # old loop closed with the flush unrun) schedules its own
+        self._flush_on: asyncio.AbstractEventLoop | None = None
         self._failures: list[Any] | None = None
         self._closed = False
 
@@ -257,9 +259,9 @@ class RayWorkers:
             self._held[key] = worker
             self._outbox[worker].append(_Request(key, method, args, out))
             self._loop = loop
-            if loop is not None and self._flushing:
+            if loop is not None and self._flush_on is loop:
                 return out
-            self._flushing = loop is not None
+            self._flush_on = loop
         if loop is None:
             self._flush()
         else:
@@ -272,7 +274,7 @@ class RayWorkers:
         again (a call costs the training process as much as its requests' answers do)."""
         calls = []
         with self._lock:
-            self._flushing = False
+            self._flush_on = None
             for worker, box in enumerate(self._outbox):
                 size = per_call(self._load[worker])
                 sending = len(box) - len(box) % size
@@ -286,16 +288,17 @@ class RayWorkers:
     def _flush_later(self) -> None:
         """After an answer: sends what waited for it, on the loop that queued it."""
         with self._lock:
-            if self._flushing or not any(self._outbox):
+            loop = self._loop
+            if self._flush_on is loop or not any(self._outbox):
                 return
-            self._flushing, loop = True, self._loop
+            self._flush_on = loop
         try:
             if loop is None:
                 raise RuntimeError("no loop")
             loop.call_soon_threadsafe(self._flush)
         except RuntimeError:  # the loop is gone: nobody waits for these answers
             with self._lock:
-                self._flushing = False
+                self._flush_on = None
 
     def _call(self, worker: int, requests: list[_Request]) -> None:
         try:

@@ -333,3 +333,28 @@ def test_a_loader_sends_its_batches_in_fewer_calls_than_batches(monkeypatch):
     made = AsyncLoader(AsyncSource(64), batch_size=2, io_concurrency=64, engine=RayEngine(2))
     assert indices_of(made) == list(range(64))
     assert sum(calls) == 32 and len(calls) <= 16, f"calls of {calls} requests"
+
+
+def test_requests_left_by_a_loop_closed_before_its_flush_leave_with_the_next_loops():
+    """An epoch's loop may close with a flush unrun (``async for`` under ``asyncio.run``,
+    left mid-turn): the next epoch, on another loop, must not wait for that flush."""
+    workers, actors = fake_workers()
+
+    async def ask_and_stop() -> None:
+        submit(workers, range(2))
+        asyncio.get_running_loop().stop()  # this turn is the loop's last
+
+    old = asyncio.new_event_loop()
+    try:
+        old.run_until_complete(ask_and_stop())
+    finally:
+        old.close()
+    assert actors[0].calls == actors[1].calls == [], "the old loop ran its flush"
+
+    async def ask_again() -> None:
+        submit(workers, [2])
+        await turn_ended()
+
+    asyncio.run(ask_again())
+    sent = sorted(args[0] for a in actors for requests, _ in a.calls for _, args in requests)
+    assert sent == [0, 1, 2]
