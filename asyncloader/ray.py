@@ -4,7 +4,8 @@ Each worker is a Ray actor running the same pipeline as a local ``fetch_in_worke
 worker (:class:`asyncloader._worker_loop.WorkerCore` on the actor's event loop): it fetches,
 transforms and collates the batches it is given, or iterates its own copy of an iterable
 source. The dataset, ``transform`` and ``collate_fn`` reach each actor once, when it starts;
-a request carries only indices. Batches come back through Ray's object store; numpy arrays
+a request carries only indices, and requests travel several to a call (see
+:meth:`RayWorkers._flush`). Batches come back through Ray's object store; numpy arrays
 there are read-only views of the store, so they are copied once on arrival (the batch you get
 is writable and never aliases the store; tensors arrive as copies already).
 
@@ -120,9 +121,9 @@ class RayWorker:
             await self._core.aclose()
 
 
-#: Requests at most in one actor call. One call per batch cost the training process about
-#: 1 ms of CPU (Ray's task submission, then one object per batch to unpickle), which capped
-#: the io workload at about half the local pool's rate on 2 cores.
+#: Requests at most in one actor call. A call costs the training process about 1 ms of CPU
+#: (Ray's task submission, then an object to fetch and unpickle) whatever it carries: see
+#: ``benchmarks/probes/ray_calls.py``.
 MAX_PER_CALL = 8
 
 
