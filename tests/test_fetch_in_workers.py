@@ -39,8 +39,9 @@ def test_fetch_in_workers_needs_workers_and_a_bool():
 def test_async_fetches_run_in_the_workers_within_their_share(io_concurrency):
     """Every sample is fetched in one of the two workers, never in this process, and no worker
     has more than its half of io_concurrency in flight; the total reaches the limit."""
+    source = InFlight(256, gather=io_concurrency // 2)
     loader = AsyncLoader(
-        InFlight(256), batch_size=8, collate_fn=list, io_concurrency=io_concurrency, **IN_WORKERS
+        source, batch_size=8, collate_fn=list, io_concurrency=io_concurrency, **IN_WORKERS
     )
     samples = [s for batch in loader for s in batch]
     assert [index for index, _, _ in samples] == list(range(256))

@@ -361,21 +361,35 @@ def shard_set(n_shards: int, per_shard: int | list[int]) -> dict[str, bytes]:
 
 class InFlight:
     """An async map-style source whose samples say how many fetches were in flight in their
-    process as each began: ``(index, pid, in flight)``, after ``delay_s``."""
+    process as each began: ``(index, pid, in flight)``.
 
-    running = 0  # per process: the module is imported afresh in each worker
+    The first fetches in each process hold until ``gather`` of them are in flight at once
+    (an event, not a delay), so a process that allows ``gather`` reaches it; one that never
+    does releases them after ``patience_s``, and its samples show how many it allowed.
+    """
 
-    def __init__(self, n: int, delay_s: float = 0.01) -> None:
-        self.n, self.delay_s = n, delay_s
+    # per process and loop (a worker's): an event belongs to the loop that first waits on it
+    running = 0
+    loop: asyncio.AbstractEventLoop | None = None
+    gathered = asyncio.Event()
+
+    def __init__(self, n: int, gather: int, patience_s: float = 10.0) -> None:
+        self.n, self.gather, self.patience_s = n, gather, patience_s
 
     def __len__(self) -> int:
         return self.n
 
     async def __getitem__(self, index: int) -> tuple[int, int, int]:
+        if InFlight.loop is not asyncio.get_running_loop():
+            InFlight.loop, InFlight.gathered = asyncio.get_running_loop(), asyncio.Event()
         InFlight.running += 1
         try:
             now = InFlight.running
-            await asyncio.sleep(self.delay_s)
+            if now >= self.gather:
+                InFlight.gathered.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(InFlight.gathered.wait(), self.patience_s)
+            InFlight.gathered.set()  # after a timeout too: the rest never waits
             return index, os.getpid(), now
         finally:
             InFlight.running -= 1
