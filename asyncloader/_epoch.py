@@ -409,7 +409,7 @@ class Epoch:
         if self._tuner is not None:
             fetching = 2 * (self._fetcher.limit if self._fetcher else self._tuner.limit)
         else:
-            fetching = options.fetch_concurrency * (2 if options.auto_io else 1)
+            fetching = options.fetch_room
         return options.window_for(fetching, self.prefetch)
 
     def _resize(self) -> None:

@@ -315,8 +315,13 @@ class Options:
         """Batches at most taken from the sampler and not yet handed to the consumer (under
         ``io_concurrency="auto"``, room for twice the highest limit: see ``_autotune``; under
         ``prefetch="auto"``, at ``PREFETCH_CAP``)."""
-        fetching = self.fetch_concurrency * (2 if self.auto_io else 1)
-        return self.window_for(fetching, self.prefetch_bound)
+        return self.window_for(self.fetch_room, self.prefetch_bound)
+
+    @property
+    def fetch_room(self) -> int:
+        """Samples the window makes room for at most: the fetch concurrency, twice it under
+        ``io_concurrency="auto"`` (a fetch held back by its limit has samples queued)."""
+        return self.fetch_concurrency * (2 if self.auto_io else 1)
 
     def window_for(self, fetching: int, prefetch: int) -> int:
         """The window that keeps ``fetching`` samples busy with ``prefetch`` batches per

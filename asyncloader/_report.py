@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from asyncloader._autotune import CAP as AUTO_CAP
 from asyncloader._options import Options
 from asyncloader._stats import LoaderStats
 
@@ -79,8 +80,8 @@ def diagnose(stats: LoaderStats, options: Options) -> Diagnosis:
     if stats.fetch_in_flight is not None and stats.fetch_in_flight >= FETCH_FULL * limit:
         knob = (
             f'io_concurrency="auto" holds {limit}: growing stopped paying (the event loop\'s '
-            "CPU: fetch_in_workers=True) or met its cap (4096, memory_budget, half the open "
-            "files left: ulimit -n)"
+            f"CPU: fetch_in_workers=True) or met its cap ({AUTO_CAP}, memory_budget, half the "
+            "open files left: ulimit -n)"
             if options.auto_io
             else f"raise io_concurrency (now {limit}; try {2 * limit})"
         )
