@@ -4,10 +4,11 @@ Each worker is a Ray actor running the same pipeline as a local ``fetch_in_worke
 worker (:class:`asyncloader._worker_loop.WorkerCore` on the actor's event loop): it fetches,
 transforms and collates the batches it is given, or iterates its own copy of an iterable
 source. The dataset, ``transform`` and ``collate_fn`` reach each actor once, when it starts;
-a request carries only indices, and requests travel several to a call (see
-:meth:`RayWorkers._flush`). Batches come back through Ray's object store; numpy arrays
-there are read-only views of the store, so they are copied once on arrival (the batch you get
-is writable and never aliases the store; tensors arrive as copies already).
+a request carries only indices, and requests and answers travel several to a call, a
+batch's answer as soon as it is ready (see :class:`RayWorkers`). Batches come back through
+Ray's object store; numpy arrays there are read-only views of the store, so they are copied
+once on arrival (the batch you get is writable and never aliases the store; tensors arrive as
+copies already).
 
 The actors run on whatever nodes the connected cluster has: ``ray.init(address=...)`` first,
 or a local cluster is started on first use. Ray is an optional extra (``pip install
@@ -15,8 +16,10 @@ asyncloader[ray]``), imported only by this module.
 
 An actor that dies mid-epoch raises :class:`~asyncloader.errors.WorkerCrashedError`, as a
 local worker does. With Ray's own ``max_restarts`` and ``max_task_retries`` actor options,
-Ray restarts it and retries its unfinished batches instead: each batch is still delivered
-once (a batch is keyed by its number, and a retry makes the same batch). A worker iterating
+Ray restarts it and retries its outstanding calls instead, and the restarted actor is sent
+every request the lost one held: each batch is still delivered once (an actor runs a request
+once by its number, the training process takes one answer per request, and a retry makes the
+same batch). A worker iterating
 its own copy of an iterable source cannot be restarted in place (its position is gone): the
 epoch then raises ``WorkerCrashedError``, and resuming from ``state_dict()`` continues it.
 """
@@ -25,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
@@ -52,6 +57,7 @@ from asyncloader.errors import WorkerCrashedError
 __all__ = ["RayEngine"]
 
 _tokens = itertools.count()
+_NO_LOOP = object()  # a flush is scheduled off any loop
 
 
 class RayEngine:
@@ -86,8 +92,59 @@ class RayEngine:
         return f"RayEngine(num_workers={self.num_workers}, **{self.actor_options!r})"
 
 
+class Inbox:
+    """An actor's requests: each runs once on ``core`` (keyed by its number: a number sent
+    again, by a retried call or after a restart, joins the one running or answered), and its
+    answer waits until :meth:`collect` takes it. On the actor's event loop.
+
+    Args:
+        core: Has the methods requests name, and ``spawn(coroutine, name)`` (a task that
+            ``core``'s own close cancels).
+    """
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self._running: set[int] = set()
+        self._answers: dict[int, tuple[bool, Any]] = {}  # request number -> answer
+        self._news = asyncio.Event()
+        self._closing = False
+
+    def start(self, requests: list[tuple[int, str, tuple[Any, ...]]]) -> None:
+        """Starts ``requests``: a number, a method's name and its arguments, each."""
+        for number, method, args in requests:
+            if number not in self._running and number not in self._answers:
+                self._running.add(number)
+                task = self._core.spawn(getattr(self._core, method)(*args), f"{method}:{number}")
+                task.add_done_callback(functools.partial(self._finished, number))
+
+    def _finished(self, number: int, task: asyncio.Task[Any]) -> None:
+        self._running.discard(number)
+        if task.cancelled():
+            return  # closing: nobody waits for it
+        error = task.exception()
+        self._answers[number] = (True, task.result()) if error is None else (False, error)
+        self._news.set()
+
+    async def collect(self, wait: bool) -> list[tuple[int, bool, Any]]:
+        """The answers not collected yet: ``(number, True, result)``, or ``(number, False,
+        exception)`` for a request that raised. With ``wait``, once there is one at least, or
+        at once when none is running (the caller's may be lost: Ray restarted the actor) or
+        the inbox closes."""
+        while wait and not self._answers and self._running and not self._closing:
+            self._news.clear()
+            await self._news.wait()
+        answers, self._answers = self._answers, {}
+        return [(number, ok, value) for number, (ok, value) in answers.items()]
+
+    def close(self) -> None:
+        """Wakes the waiting :meth:`collect`: it returns what it has."""
+        self._closing = True
+        self._news.set()
+
+
 class RayWorker:
-    """The actor: one worker's :class:`WorkerCore` on the actor's event loop."""
+    """The actor: one worker's :class:`WorkerCore` on the actor's event loop, behind an
+    :class:`Inbox`."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         setup_worker(
@@ -97,52 +154,45 @@ class RayWorker:
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._args = (spec.plan, spec.config, spec.worker_id, restarted)
         self._core: WorkerCore | None = None
+        self._inbox: Inbox | None = None
+        #: Tells this incarnation of the actor from the one Ray restarted it as.
+        self._incarnation = uuid.uuid4().hex
 
-    def _ready_core(self) -> WorkerCore:
-        if self._core is None:  # on the actor's loop, which __init__ does not run on
+    async def ready(self) -> tuple[Any, str]:
+        return init_failure(), self._incarnation
+
+    async def exchange(
+        self, requests: list[tuple[int, str, tuple[Any, ...]]], wait: bool
+    ) -> tuple[str, list[tuple[int, bool, Any]]]:
+        """Starts ``requests`` and answers those finished since the last call (see
+        :meth:`Inbox.collect`), with the actor's incarnation."""
+        if self._inbox is None:  # on the actor's loop, which __init__ does not run on
             self._core = WorkerCore(*self._args)
-        return self._core
-
-    async def ready(self) -> Any:
-        return init_failure()
-
-    async def run(self, requests: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        """Runs requests (a :class:`WorkerCore` method's name and its arguments) together;
-        each answer is ``(True, result)``, or ``(False, exception)`` for a request that raised
-        (the others still count)."""
-        core = self._ready_core()
-        answers = await asyncio.gather(
-            *(getattr(core, name)(*args) for name, args in requests), return_exceptions=True
-        )
-        return [(not isinstance(a, BaseException), a) for a in answers]
+            self._inbox = Inbox(self._core)
+        self._inbox.start(requests)
+        return self._incarnation, await self._inbox.collect(wait)
 
     async def close(self) -> None:
+        if self._inbox is not None:
+            self._inbox.close()
         if self._core is not None:
             await self._core.aclose()
 
 
-#: Requests at most in one actor call. A call costs the training process about 1 ms of CPU
-#: (Ray's task submission, then an object to fetch and unpickle) whatever it carries: see
-#: ``benchmarks/probes/ray_calls.py``.
-MAX_PER_CALL = 8
-
-
-def per_call(held: int) -> int:
-    """Requests at most in one call to an actor holding ``held`` (those queued included):
-    half of them, so that the actor works on one call while the answers of another travel,
-    and at most ``MAX_PER_CALL``."""
-    return max(1, min(MAX_PER_CALL, held // 2))
-
-
 @dataclasses.dataclass(slots=True)
 class _Request:
-    """A request queued for an actor: its key, the :class:`WorkerCore` method and arguments,
-    and the future its answer completes."""
+    """A request for an actor: its number (unique, the actor's key for it), the key naming it
+    in a crash report, the :class:`WorkerCore` method and arguments, and the future its answer
+    completes."""
 
+    number: int
     key: Any
     method: str
     args: tuple[Any, ...]
     out: Future[Any]
+
+    def wire(self) -> tuple[int, str, tuple[Any, ...]]:
+        return self.number, self.method, self.args
 
 
 def _writable(x: Any) -> Any:
@@ -166,7 +216,21 @@ def received(result: Any) -> Any:
 class RayWorkers:
     """The running actors of a :class:`RayEngine`: the loader's engine interface.
 
-    Thread-safe: requests come from the epoch's loop, answers complete on Ray's threads.
+    Requests and answers travel in two kinds of call to each actor (:meth:`RayWorker.exchange`),
+    so that an answer leaves as soon as it is ready and a call carries whatever is:
+
+    - a *poll*, one outstanding per actor while the actor holds requests: it returns once
+      some are answered, with every answer ready then, and is sent again at once, carrying
+      the requests queued meanwhile;
+    - a *push* of the queue (the requests of one turn of the epoch's event loop leave
+      together) when the actor runs short of work, one in flight per actor; it returns at
+      once, with the answers ready then (see :meth:`_due`).
+
+    An answer names the actor's incarnation: one never seen before means Ray restarted the
+    actor, which lost what it held, and every request it held not answered yet is sent again.
+
+    Thread-safe: requests come from the epoch's loop, answers complete on Ray's threads; calls
+    leave from the loop of the newest request (or a thread of their own, off any loop).
     """
 
     def __init__(self, engine: RayEngine, options: Options, plan: BatchPlan, base_seed: int):
@@ -175,14 +239,17 @@ class RayWorkers:
         self._specs = worker_specs(options, plan, base_seed, n)
         self._actors: list[Any] = []
         self._lock = threading.Lock()
-        self._load = [0] * n
-        self._held: dict[Any, int] = {}  # request key -> actor
-        self._dead: dict[int, tuple[str, list[Any]]] = {}  # actor -> (why, keys it held)
+        self._load = [0] * n  # requests held per actor, queued ones included
+        self._held: dict[int, tuple[int, _Request]] = {}  # number -> (actor, request)
         self._outbox: list[list[_Request]] = [[] for _ in range(n)]  # requests not yet sent
+        self._polling = [False] * n  # a poll is outstanding
+        self._pushing = [False] * n  # a push is in flight
+        self._incarnations: list[set[str]] = [set() for _ in range(n)]  # those seen answer
+        self._dead: dict[int, tuple[str, list[Any]]] = {}  # actor -> (why, keys it held)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the newest request
-        # the loop a flush is scheduled on: a request from another (a new epoch's, after the
-        # old loop closed with the flush unrun) schedules its own
-        self._flush_on: asyncio.AbstractEventLoop | None = None
+        # the loop a flush is scheduled on (or _NO_LOOP): a request from another (a new
+        # epoch's, after the old loop closed with the flush unrun) schedules its own
+        self._flush_on: object = None
         self._failures: list[Any] | None = None
         self._closed = False
 
@@ -212,12 +279,15 @@ class RayWorkers:
             actor = ray.remote(RayWorker).options(**self._actor_options())
             self._actors = [actor.remote(spec) for spec in self._specs]
             try:
-                self._failures = ray.get([a.ready.remote() for a in self._actors])
+                readies = ray.get([a.ready.remote() for a in self._actors])
             except RayActorError as exc:
                 raise WorkerCrashedError(
                     f"a Ray actor died while starting: {exc} (the dataset, transform or "
                     "collate_fn could not be unpickled there, or it was killed)"
                 ) from exc
+            self._failures = [failure for failure, _ in readies]
+            for seen, (_, incarnation) in zip(self._incarnations, readies, strict=True):
+                seen.add(incarnation)
         for failure in self._failures:
             if failure is not None:
                 failure.reraise()
@@ -248,7 +318,7 @@ class RayWorkers:
     def _request(self, worker: int, key: Any, method: str, args: tuple[Any, ...]) -> Future[Any]:
         """Queues a request for ``worker``; :meth:`_flush` sends the queue after the caller's
         event loop ends its turn (at once when called off a loop)."""
-        out: Future[Any] = Future()
+        request = _Request(next(_tokens), key, method, args, Future())
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -257,92 +327,124 @@ class RayWorkers:
             if self._dead or self._closed:
                 raise BrokenProcessPool("a Ray actor died; the workers take no more work")
             self._load[worker] += 1
-            self._held[key] = worker
-            self._outbox[worker].append(_Request(key, method, args, out))
+            self._held[request.number] = (worker, request)
+            self._outbox[worker].append(request)
             self._loop = loop
             if loop is not None and self._flush_on is loop:
-                return out
+                return request.out
             self._flush_on = loop
         if loop is None:
             self._flush()
         else:
             loop.call_soon(self._flush)
-        return out
+        return request.out
 
     def _flush(self) -> None:
-        """Sends each actor its queued requests in calls of :func:`per_call` requests. A
-        shorter rest waits while the actor has a call's worth in flight: an answer flushes
-        again (a call costs the training process as much as its requests' answers do)."""
+        """Sends each actor the call due to it (:meth:`_due`), carrying the actor's queue."""
         calls = []
         with self._lock:
             self._flush_on = None
-            for worker, box in enumerate(self._outbox):
-                size = per_call(self._load[worker])
-                sending = len(box) - len(box) % size
-                if len(box) < size and (self._load[worker] - len(box) < size or not self._loop):
-                    sending = len(box)  # the actor would run short of work
-                calls += [(worker, box[i : i + size]) for i in range(0, sending, size)]
-                del box[:sending]
-        for worker, requests in calls:
-            self._call(worker, requests)
+            if self._closed:
+                return
+            for worker in range(self.num_workers):
+                poll = self._due(worker)
+                if poll is not None:
+                    (self._polling if poll else self._pushing)[worker] = True
+                    calls.append((worker, poll, self._outbox[worker]))
+                    self._outbox[worker] = []
+        for worker, poll, requests in calls:
+            self._call(worker, poll, requests)
+
+    def _due(self, worker: int) -> bool | None:
+        """The call due to ``worker`` now (under the lock): a poll (``True``) when it holds
+        requests and none is outstanding; else a push (``False``) of its queue when no push is
+        in flight and it runs short of work (fewer than half the requests it holds are sent:
+        otherwise they wait to leave with the next poll); else none."""
+        load, queued = self._load[worker], len(self._outbox[worker])
+        if load and not self._polling[worker]:
+            return True
+        if queued and not self._pushing[worker] and (load - queued) * 2 < load:
+            return False
+        return None
 
     def _flush_later(self) -> None:
-        """After an answer: sends what waited for it, on the loop that queued it."""
+        """After an answer: sends the calls it made due, from the newest request's loop."""
         with self._lock:
             loop = self._loop
-            if self._flush_on is loop or not any(self._outbox):
+            on = _NO_LOOP if loop is None else loop
+            due = any(self._due(w) is not None for w in range(self.num_workers))
+            if self._flush_on is on or not due or self._closed:
                 return
-            self._flush_on = loop
+            self._flush_on = on
+        if loop is None:  # requests come from no loop: send from a thread, not Ray's own
+            threading.Thread(target=self._flush, name="asyncloader-ray-flush").start()
+            return
         try:
-            if loop is None:
-                raise RuntimeError("no loop")
             loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:  # the loop is gone: nobody waits for these answers
+        except RuntimeError:  # the loop is gone: the next request's flush sends them
             with self._lock:
                 self._flush_on = None
 
-    def _call(self, worker: int, requests: list[_Request]) -> None:
+    def _call(self, worker: int, poll: bool, requests: list[_Request]) -> None:
         try:
-            ref = self._actors[worker].run.remote([(r.method, r.args) for r in requests])
+            ref = self._actors[worker].exchange.remote([r.wire() for r in requests], poll)
         except BaseException as exc:  # the actor handle is gone (shut down meanwhile)
-            self._settle(worker, requests, exc, None)
+            self._lose(worker, exc)
             return
-        ref.future().add_done_callback(lambda answer: self._answered(worker, requests, answer))
+        ref.future().add_done_callback(lambda answer: self._answered(worker, poll, answer))
 
-    def _answered(self, worker: int, requests: list[_Request], answer: Future[Any]) -> None:
+    def _answered(self, worker: int, poll: bool, answer: Future[Any]) -> None:
         try:
-            answers = answer.result()
+            incarnation, answers = answer.result()
         except RayActorError as exc:
-            with self._lock:
-                held = [k for k, w in self._held.items() if w == worker]
-                self._dead.setdefault(worker, (str(exc).splitlines()[0], held))
-            self._settle(worker, requests, BrokenProcessPool(f"Ray actor {worker} died"), None)
-        except BaseException as exc:  # Ray's own failure (the object lost...)
-            self._settle(worker, requests, exc, None)
-        else:
-            self._settle(worker, requests, None, answers)
-
-    def _settle(
-        self,
-        worker: int,
-        requests: list[_Request],
-        error: BaseException | None,
-        answers: list[tuple[bool, Any]] | None,
-    ) -> None:
+            self._lose(worker, BrokenProcessPool(f"Ray actor {worker} died"), exc)
+            return
+        except BaseException as exc:  # Ray's own failure (the object lost...): so are the
+            self._lose(worker, exc)  # answers it carried, unknown which
+            return
+        settled = []
         with self._lock:
-            self._load[worker] -= len(requests)
-            for r in requests:
-                self._held.pop(r.key, None)
-        self._flush_later()
-        for i, r in enumerate(requests):
-            if r.out.done():
-                continue
-            if answers is None:
-                r.out.set_exception(error)  # type: ignore[arg-type]
-            elif answers[i][0]:
-                r.out.set_result(received(answers[i][1]))
+            if poll:
+                self._polling[worker] = False
             else:
-                r.out.set_exception(answers[i][1])
+                self._pushing[worker] = False
+            for number, ok, value in answers:
+                entry = self._held.pop(number, None)
+                if entry is not None:  # else answered already (sent twice, after a restart)
+                    self._load[worker] -= 1
+                    settled.append((entry[1].out, ok, value))
+            seen = self._incarnations[worker]
+            if incarnation not in seen:  # Ray restarted the actor: what it held is lost
+                seen.add(incarnation)
+                queued = {r.number for r in self._outbox[worker]}
+                self._outbox[worker][:0] = [
+                    r for w, r in self._held.values() if w == worker and r.number not in queued
+                ]
+        self._flush_later()
+        for out, ok, value in settled:
+            if out.done():
+                continue
+            if ok:
+                out.set_result(received(value))
+            else:
+                out.set_exception(value)
+
+    def _lose(self, worker: int, error: BaseException, died: RayActorError | None = None) -> None:
+        """Fails every request ``worker`` holds with ``error`` (its answers are lost); the
+        actor is dead when ``died`` says why."""
+        with self._lock:
+            lost = [r for w, r in self._held.values() if w == worker]
+            for r in lost:
+                del self._held[r.number]
+            self._load[worker] = 0
+            self._outbox[worker] = []
+            self._polling[worker] = self._pushing[worker] = False
+            if died is not None:
+                why = str(died).splitlines()[0]
+                self._dead.setdefault(worker, (why, [r.key for r in lost]))
+        for r in lost:
+            if not r.out.done():
+                r.out.set_exception(error)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         notes = []
@@ -362,9 +464,10 @@ class RayWorkers:
             if self._closed:
                 return
             self._closed = True
-            unsent = [r for box in self._outbox for r in box]
+            held = [r for _, r in self._held.values()]
+            self._held.clear()
             self._outbox = [[] for _ in range(self.num_workers)]
-        for r in unsent:
+        for r in held:  # nobody waits for them now (the epoch ended, or the loader closed)
             r.out.cancel()
         actors, self._actors = self._actors, []
         if not actors or not ray.is_initialized():

@@ -10,8 +10,10 @@ and async iterables, sharded tar streams).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import tempfile
+import threading
 import warnings
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
@@ -27,7 +29,7 @@ ray = pytest.importorskip("ray")
 from asyncloader import AsyncLoader  # noqa: E402
 from asyncloader._plan import BatchPlan  # noqa: E402
 from asyncloader.errors import WorkerCrashedError  # noqa: E402
-from asyncloader.ray import MAX_PER_CALL, RayEngine, RayWorkers, per_call  # noqa: E402
+from asyncloader.ray import Inbox, RayEngine, RayWorkers  # noqa: E402
 from tests.helpers import (  # noqa: E402
     AsyncSource,
     CodedError,
@@ -210,33 +212,47 @@ def test_engine_arguments_are_checked():
     assert AsyncLoader(SyncSource(4), engine=RayEngine(3)).num_workers == 3
 
 
-# -- how requests travel to the actors: several in one call ------------------------------------
+# -- how requests travel to the actors: pushes, and a poll per actor ---------------------------
 
 
 class FakeActor:
-    """An actor handle whose ``run`` calls the test answers itself: ``calls`` holds each
-    call's requests and the future that answers it."""
+    """An actor handle whose ``exchange`` calls the test answers itself: ``calls`` holds each
+    call's requests, whether it polls, and the future that answers it."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[list, Future]] = []
-        self.run = SimpleNamespace(remote=self._run)
+        self.calls: list[tuple[list, bool, Future]] = []
+        self.exchange = SimpleNamespace(remote=self._exchange)
+        self._arrived = threading.Condition()
 
-    def _run(self, requests: list) -> SimpleNamespace:
+    def _exchange(self, requests: list, wait: bool) -> SimpleNamespace:
         answer: Future = Future()
-        self.calls.append((requests, answer))
+        with self._arrived:
+            self.calls.append((requests, wait, answer))
+            self._arrived.notify_all()
         return SimpleNamespace(future=lambda: answer)
 
-    def sizes(self) -> list[int]:
-        return [len(requests) for requests, _ in self.calls]
+    def wait_calls(self, n: int) -> bool:
+        """Waits (10 s at most) until ``n`` calls came, from whichever thread sends them."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: len(self.calls) >= n, timeout=10)
 
-    def answer(self, call: int, *failures: int) -> None:
-        """Answers call ``call``: each request's result is its batch number, except those at
-        the positions in ``failures``, which raise CodedError."""
-        requests, answer = self.calls[call]
-        answer.set_result(
-            [(False, CodedError("bad", code=i)) if i in failures else (True, args[0])
-             for i, (_, args) in enumerate(requests)]
-        )  # fmt: skip
+    def kinds(self) -> list[tuple[str, int]]:
+        """Each call as ("poll" or "push", how many requests it carried)."""
+        return [("poll" if wait else "push", len(requests)) for requests, wait, _ in self.calls]
+
+    def seqs(self, call: int) -> list[int]:
+        """The batch numbers call ``call`` asked for."""
+        return [args[0] for _, _, args in self.calls[call][0]]
+
+    def answer(self, call: int, seqs, failures=(), incarnation: str = "first") -> None:
+        """Answers call ``call`` with the batches ``seqs`` (each request it holds answers its
+        batch number), those in ``failures`` raising CodedError."""
+        numbers = {args[0]: number for requests, _, _ in self.calls for number, _, args in requests}
+        self.calls[call][2].set_result((
+            incarnation,
+            [(numbers[s], False, CodedError("bad", code=s)) if s in failures
+             else (numbers[s], True, s) for s in seqs],
+        ))  # fmt: skip
 
 
 def fake_workers() -> tuple[RayWorkers, list[FakeActor]]:
@@ -244,6 +260,8 @@ def fake_workers() -> tuple[RayWorkers, list[FakeActor]]:
     options = AsyncLoader(SyncSource(8), engine=engine)._options
     workers = RayWorkers(engine, options, BatchPlan.of(options), 0)
     workers._actors = actors = [FakeActor(), FakeActor()]
+    for seen in workers._incarnations:
+        seen.add("first")  # what start() learns from the actors' ready()
     return workers, actors
 
 
@@ -258,81 +276,198 @@ def submit(workers: RayWorkers, seqs) -> list[Future]:
     return [workers.submit(seq, [seq], None, None) for seq in seqs]
 
 
-def test_per_call_is_half_what_an_actor_holds_up_to_a_cap():
-    assert [per_call(n) for n in (0, 1, 2, 3, 5, 16)] == [1, 1, 1, 1, 2, 8]
-    assert per_call(1000) == MAX_PER_CALL
+def sent(actors) -> list[int]:
+    return sorted(s for a in actors for call in range(len(a.calls)) for s in a.seqs(call))
 
 
 @pytest.mark.asyncio
-async def test_requests_of_one_loop_turn_leave_together_in_calls_of_half_the_load():
+async def test_requests_of_one_loop_turn_leave_together_with_each_actors_poll():
     workers, actors = fake_workers()
-    futures = submit(workers, range(32))
+    submit(workers, range(32))
     assert actors[0].calls == [] and actors[1].calls == [], "sent before the turn ended"
     await turn_ended()
-    assert actors[0].sizes() == actors[1].sizes() == [8, 8]
-    sent = sorted(args[0] for a in actors for requests, _ in a.calls for _, args in requests)
-    assert sent == list(range(32)), "every batch asked for once"
-    actors[0].answer(0)
-    answered = [f.result(0) for f in futures if f.done()]
-    assert sorted(answered) == sorted(args[0] for _, args in actors[0].calls[0][0])
+    assert actors[0].kinds() == actors[1].kinds() == [("poll", 16)]
+    assert sent(actors) == list(range(32)), "every batch asked for once"
 
 
 @pytest.mark.asyncio
-async def test_a_short_rest_waits_while_the_actor_has_a_call_in_flight_and_leaves_after():
+async def test_a_poll_brings_what_is_ready_and_goes_again_while_the_actor_holds_work():
     workers, actors = fake_workers()
-    first = submit(workers, range(32))
+    futures = submit(workers, range(32))
     await turn_ended()
-    actors[0].answer(0)  # actor 0 now holds 8, actor 1 holds 16
-    rest = submit(workers, range(32, 37))  # to actor 0, the least loaded
+    ready = actors[0].seqs(0)[:3]
+    actors[0].answer(0, ready)
+    assert [futures[s].result(0) for s in ready] == ready
+    assert sum(f.done() for f in futures) == 3
     await turn_ended()
-    assert actors[0].sizes() == [8, 8], "5 of 13 held are fewer than a call's worth (6)"
-    actors[0].answer(1)
+    assert actors[0].kinds() == [("poll", 16), ("poll", 0)], "the next poll, at once"
+    actors[0].answer(1, actors[0].seqs(0)[3:])
     await turn_ended()
-    assert actors[0].sizes() == [8, 8, 2, 2], "an answer sends what waited: by 2 of 5 held"
-    actors[0].answer(2)
+    assert actors[0].kinds() == [("poll", 16), ("poll", 0)], "no poll once it holds nothing"
+    assert actors[1].kinds() == [("poll", 16)]
+
+
+@pytest.mark.asyncio
+async def test_requests_made_while_a_poll_is_out_wait_for_it_while_the_actor_has_work():
+    workers, actors = fake_workers()
+    submit(workers, range(8))
     await turn_ended()
-    assert actors[0].sizes() == [8, 8, 2, 2, 1], "the last one once fewer than 2 are in flight"
-    for call in (3, 4):
-        actors[0].answer(call)
-    assert [f.result(0) for f in rest] == [32, 33, 34, 35, 36]
-    assert sum(f.done() for f in first) == 16
+    waiting = submit(workers, [8, 9])  # one each: 4 of 5 held are sent
+    await turn_ended()
+    assert actors[0].kinds() == actors[1].kinds() == [("poll", 4)], "no push: not short"
+    actors[0].answer(0, actors[0].seqs(0)[:1])
+    await turn_ended()
+    assert actors[0].kinds() == [("poll", 4), ("poll", 1)], "the next poll carries it"
+    assert actors[1].kinds() == [("poll", 4)]
+    assert sent(actors) == list(range(9)) and not waiting[0].done()
+
+
+@pytest.mark.asyncio
+async def test_an_actor_short_of_work_gets_a_push_and_one_push_at_a_time():
+    workers, actors = fake_workers()
+    first = submit(workers, range(2))
+    await turn_ended()
+    submit(workers, range(2, 6))  # two each: 1 of 3 held is sent
+    await turn_ended()
+    assert actors[0].kinds() == actors[1].kinds() == [("poll", 1), ("push", 2)]
+    later = submit(workers, range(6, 14))  # four each: 3 of 7 sent, but a push is in flight
+    await turn_ended()
+    assert actors[0].kinds() == [("poll", 1), ("push", 2)]
+    done = actors[0].seqs(0)
+    actors[0].answer(1, done)  # the push's answer brings what was ready then
+    assert first[done[0]].result(0) == done[0]
+    await turn_ended()
+    assert actors[0].kinds() == [("poll", 1), ("push", 2), ("push", 4)]
+    assert len(sent(actors)) == 10 and set(actors[0].seqs(2)) < set(range(6, 14))
+    assert not any(f.done() for f in later)
 
 
 @pytest.mark.asyncio
 async def test_a_request_that_raised_fails_alone_and_a_dead_actor_fails_all_it_held():
     workers, actors = fake_workers()
-    futures = submit(workers, range(32))
+    futures = submit(workers, range(8))
     await turn_ended()
-    actors[0].answer(0, 1)
-    requests = actors[0].calls[0][0]
-    outcomes = {args[0]: futures[args[0]] for _, args in requests}
-    failed = requests[1][1][0]
+    seqs = actors[0].seqs(0)
+    actors[0].answer(0, seqs, failures=seqs[1:2])
     with pytest.raises(CodedError):
-        outcomes.pop(failed).result(0)
-    assert all(f.result(0) == seq for seq, f in outcomes.items())
-    actors[1].calls[0][1].set_exception(ray.exceptions.RayActorError())
-    lost = [args[0] for _, args in actors[1].calls[0][0]]
+        futures[seqs[1]].result(0)
+    assert all(futures[s].result(0) == s for s in seqs if s != seqs[1])
+    more = submit(workers, [8, 9])  # to actor 0, which holds nothing now
+    await turn_ended()
+    actors[1].calls[0][2].set_exception(ray.exceptions.RayActorError())
+    lost = actors[1].seqs(0)
     for seq in lost:
         with pytest.raises(BrokenProcessPool):
             futures[seq].result(0)
     assert workers.broken
     with pytest.raises(BrokenProcessPool):
         workers.submit(99, [99], None, None)
-    held = lost + [args[0] for _, args in actors[1].calls[1][0]]
-    assert all(f"batch {seq}" in workers.describe_crash({}) for seq in held)
+    assert all(f"batch {seq}" in workers.describe_crash({}) for seq in lost)
+    assert not any(f.done() for f in more), "actor 0's requests are not actor 1's"
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_actor_is_sent_what_it_held_again_and_each_answer_counts_once():
+    """Ray restarted actor 0 and retried its poll: the new incarnation lost what earlier calls
+    started, so the driver sends those again; an answer that comes twice settles once."""
+    workers, actors = fake_workers()
+    futures = submit(workers, range(2))
+    await turn_ended()
+    futures += submit(workers, range(2, 6))
+    await turn_ended()
+    assert actors[0].kinds() == [("poll", 1), ("push", 2)]
+    polled, pushed = actors[0].seqs(0), actors[0].seqs(1)
+    actors[0].answer(0, pushed[:1], incarnation="restarted")
+    await turn_ended()
+    assert actors[0].kinds()[2] == ("poll", 2), "held and unanswered: sent again"
+    assert sorted(actors[0].seqs(2)) == sorted(polled + pushed[1:])
+    actors[0].answer(2, polled + pushed[1:], incarnation="restarted")
+    actors[0].answer(1, pushed, incarnation="first")  # the old push's answer, late
+    assert {s: futures[s].result(0) for s in polled + pushed} == {s: s for s in polled + pushed}
+    assert workers._load[0] == 0, "each request counted off once"
+    assert not workers.broken
+
+
+def test_requests_from_no_loop_leave_at_once_and_the_next_poll_goes_from_a_thread():
+    workers, actors = fake_workers()
+    futures = submit(workers, range(4))
+    assert actors[0].kinds() == actors[1].kinds() == [("poll", 1)], "the rest is not short"
+    actors[0].answer(0, [0])
+    assert futures[0].result(0) == 0
+    assert actors[0].wait_calls(2), "no poll after the answer"
+    assert actors[0].kinds() == [("poll", 1), ("poll", 1)] and actors[0].seqs(1) == [2]
+
+
+class GatedCore:
+    """A worker core whose ``batch`` waits until the test opens ``gate``; ``runs`` counts
+    the runs of each batch, ``tasks`` holds them."""
+
+    def __init__(self) -> None:
+        self.runs: collections.Counter = collections.Counter()
+        self.tasks: list[asyncio.Task] = []
+        self.gate = asyncio.Event()
+
+    def spawn(self, coro, name: str) -> asyncio.Task:
+        self.tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
+        return self.tasks[-1]
+
+    async def batch(self, seq: int) -> int:
+        self.runs[seq] += 1
+        await self.gate.wait()
+        if seq < 0:
+            raise CodedError("bad", code=seq)
+        return seq
+
+
+@pytest.mark.asyncio
+async def test_an_actors_inbox_runs_a_number_once_and_keeps_its_answer_until_collected():
+    core = GatedCore()
+    inbox = Inbox(core)
+    inbox.start([(1, "batch", (10,)), (2, "batch", (-1,))])
+    inbox.start([(1, "batch", (10,))])  # a retried call's: joins the one running
+    assert await inbox.collect(False) == []
+    waiting = asyncio.ensure_future(inbox.collect(True))
+    await turn_ended()
+    assert not waiting.done() and core.runs == {10: 1, -1: 1}
+    core.gate.set()
+    answers = await waiting
+    await asyncio.wait(core.tasks)
+    answers += await inbox.collect(False)
+    assert sorted((n, ok) for n, ok, _ in answers) == [(1, True), (2, False)]
+    assert dict((n, v) for n, _, v in answers)[1] == 10
+    assert isinstance(dict((n, v) for n, _, v in answers)[2], CodedError)
+    assert core.runs == {10: 1, -1: 1}, "each number ran once"
+    assert await asyncio.wait_for(inbox.collect(True), 10) == [], "nothing runs: no wait"
+
+
+@pytest.mark.asyncio
+async def test_closing_an_inbox_wakes_its_waiting_collect():
+    core = GatedCore()
+    inbox = Inbox(core)
+    inbox.start([(1, "batch", (10,))])
+    waiting = asyncio.ensure_future(inbox.collect(True))
+    await turn_ended()
+    assert not waiting.done()
+    inbox.close()
+    assert await asyncio.wait_for(waiting, 10) == []
+    core.gate.set()
+    await asyncio.wait(core.tasks)
 
 
 def test_a_loader_sends_its_batches_in_fewer_calls_than_batches(monkeypatch):
-    calls = []
+    carried = []
     call = RayWorkers._call
     monkeypatch.setattr(
         RayWorkers,
         "_call",
-        lambda self, w, requests: calls.append(len(requests)) or call(self, w, requests),
+        lambda self, w, poll, requests: (
+            carried.append(len(requests)) or call(self, w, poll, requests)
+        ),
     )
     made = AsyncLoader(AsyncSource(64), batch_size=2, io_concurrency=64, engine=RayEngine(2))
     assert indices_of(made) == list(range(64))
-    assert sum(calls) == 32 and len(calls) <= 16, f"calls of {calls} requests"
+    sending = [n for n in carried if n]
+    assert sum(sending) == 32 and len(sending) <= 16, f"calls of {carried} requests"
 
 
 def test_requests_left_by_a_loop_closed_before_its_flush_leave_with_the_next_loops():
@@ -356,5 +491,4 @@ def test_requests_left_by_a_loop_closed_before_its_flush_leave_with_the_next_loo
         await turn_ended()
 
     asyncio.run(ask_again())
-    sent = sorted(args[0] for a in actors for requests, _ in a.calls for _, args in requests)
-    assert sent == [0, 1, 2]
+    assert sent(actors) == [0, 1, 2]
