@@ -18,9 +18,16 @@ the second is the steady state. Every delivered batch is checked
   one each, the range's read tasks find no CPU and the dataset never starts), read with
   ``iter_torch_batches``.
 
+Besides samples/s, each run reports the CPU its steady epoch cost per batch (psutil, over this
+process and every process it started): the training process (loader and consumer), the
+workers (local processes or asyncloader's actors), and the rest of what Ray runs (its
+daemons, and Ray Data's actors).
+
 ``python -m benchmarks.probes.ray_engine [--reps 3] [--json PATH] [--batch N] [--only io]
-[--prefetch N]`` (``--batch`` replaces the workloads' batch size; ``--only`` runs one
-workload's cases; ``--prefetch`` fixes asyncloader's ``prefetch``, "auto" by default).
+[--prefetch N] [--io-concurrency N]`` (``--batch`` replaces the workloads' batch size;
+``--only`` runs one workload's cases; ``--prefetch`` fixes asyncloader's ``prefetch``, "auto"
+by default; ``--io-concurrency`` replaces the io workload's 1024 samples in flight, in every
+case).
 """
 
 from __future__ import annotations
@@ -40,17 +47,52 @@ CASES = {
 }
 IO_IN_FLIGHT = 1024
 ITEMS = {"cpu": 4000, "io": 40_000}
-KEYS = ("first_epoch", "steady")
+KEYS = ("first_epoch", "steady", "cpu_training", "cpu_workers", "cpu_ray")
+ROLES = ("training", "workers", "ray")
 
 
-def _asyncloader(workload: str, kind: str, items: int, batch: int, prefetch: int = 0) -> Any:
+def _cpu_by_process(kind: str) -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of this process (role ``training``), of its workers (``workers``:
+    the local pool's processes, or asyncloader's Ray actors) and of the rest of what it
+    started (``ray``: Ray's daemons, idle workers and Ray Data's actors), by process id."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times, cmd = proc.cpu_times(), " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if proc.pid == me.pid:
+            role = "training"
+        elif kind == "local pool" or "RayWorker" in cmd:
+            role = "workers"
+        else:
+            role = "ray"
+        out[proc.pid] = (role, times.user + times.system)
+    return out
+
+
+def _cpu_between(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds by role between two :func:`_cpu_by_process` (of the processes in both)."""
+    spent = dict.fromkeys(ROLES, 0.0)
+    for pid, (role, seconds) in after.items():
+        if pid in before:
+            spent[role] += seconds - before[pid][1]
+    return spent
+
+
+def _asyncloader(
+    workload: str, kind: str, items: int, batch: int, prefetch: int = 0, in_flight: int = 0
+) -> Any:
     from asyncloader import AsyncLoader
     from benchmarks.workloads import AsyncSleepSource, MemorySource, burn
 
     if workload == "cpu":
         dataset, options = MemorySource(items), {"transform": burn}
     else:
-        dataset, options = AsyncSleepSource(items), {"io_concurrency": IO_IN_FLIGHT}
+        dataset, options = AsyncSleepSource(items), {"io_concurrency": in_flight or IO_IN_FLIGHT}
     if prefetch:
         options["prefetch"] = prefetch
     if kind == "ray":
@@ -81,7 +123,7 @@ class _Fetch:
         yield {"x": np.stack(samples)}
 
 
-def _ray_data_epochs(workload: str, items: int, batch: int) -> Any:
+def _ray_data_epochs(workload: str, items: int, batch: int, in_flight: int = 0) -> Any:
     import numpy as np
     import ray
 
@@ -100,7 +142,7 @@ def _ray_data_epochs(workload: str, items: int, batch: int) -> Any:
             compute=ray.data.ActorPoolStrategy(size=2),
             num_cpus=0.5,
             fn_constructor_args=(items,),
-            max_concurrency=IO_IN_FLIGHT // batch // 2,
+            max_concurrency=max(1, (in_flight or IO_IN_FLIGHT) // batch // 2),
         )
     else:
         dataset = ray.data.range(items).map_batches(make, batch_size=batch)
@@ -108,7 +150,7 @@ def _ray_data_epochs(workload: str, items: int, batch: int) -> Any:
     return lambda: (b["x"] for b in dataset.iter_torch_batches(batch_size=batch))
 
 
-def _one(workload: str, kind: str, batch: int, prefetch: int = 0) -> dict:
+def _one(workload: str, kind: str, batch: int, prefetch: int = 0, in_flight: int = 0) -> dict:
     from benchmarks.checks import Checker
     from benchmarks.workloads import WORKLOADS
 
@@ -120,20 +162,24 @@ def _one(workload: str, kind: str, batch: int, prefetch: int = 0) -> dict:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     epochs: list[float] = []
     if kind == "ray data":
-        epoch_of = _ray_data_epochs(workload, items, batch)
+        epoch_of = _ray_data_epochs(workload, items, batch, in_flight)
         close = lambda: None  # noqa: E731
     else:
-        loader = _asyncloader(workload, kind, items, batch, prefetch)
+        loader = _asyncloader(workload, kind, items, batch, prefetch, in_flight)
         epoch_of, close = (lambda: iter(loader)), loader.close
+    batches = items / batch
     for _ in range(2):
         checker = Checker(items, WORKLOADS[workload].shape)
+        cpu0 = _cpu_by_process(kind)
         t0 = time.perf_counter()
-        for batch in epoch_of():
-            checker.add(batch)
+        for got in epoch_of():
+            checker.add(got)
         epochs.append(items / (time.perf_counter() - t0))
+        cpu = _cpu_between(cpu0, _cpu_by_process(kind))
         checker.verify()
     close()
-    return {"first_epoch": epochs[0], "steady": epochs[1]}
+    per_batch = {f"cpu_{r}": cpu[r] / batches * 1000 for r in ROLES}  # the steady epoch's
+    return {"first_epoch": epochs[0], "steady": epochs[1], **per_batch}
 
 
 def main() -> None:
@@ -143,10 +189,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=0)
     parser.add_argument("--only", choices=sorted(CASES))
     parser.add_argument("--prefetch", type=int, default=0)
+    parser.add_argument("--io-concurrency", type=int, default=0)
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(_one(*args.one, args.batch, args.prefetch)))
+        print(json.dumps(_one(*args.one, args.batch, args.prefetch, args.io_concurrency)))
         return
     chosen = [args.only] if args.only else list(CASES)
     runs = {(w, k): [] for w in chosen for k in CASES[w]}
@@ -154,6 +201,7 @@ def main() -> None:
         for workload, kind in runs:
             one = ("benchmarks.probes.ray_engine", "--one", workload, kind)
             one += ("--batch", args.batch, "--prefetch", args.prefetch)
+            one += ("--io-concurrency", args.io_concurrency)
             runs[workload, kind].append(side_by_side.in_fresh_process(*one))
     medians = {
         f"{w}/{k}": {key: statistics.median(r[key] for r in rs) for key in KEYS}
@@ -166,6 +214,9 @@ def main() -> None:
         print(
             f"  {name:16s} {m['first_epoch']:11.0f} {m['steady']:9.0f} {m['steady'] / base:14.2f}"
         )
+    print("CPU ms per batch in the steady epoch (medians): training process, workers, rest of Ray")
+    for name, m in medians.items():
+        print(f"  {name:16s} " + " ".join(f"{m[f'cpu_{r}']:6.3f}" for r in ROLES))
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"items": ITEMS, "medians": medians}, out, indent=1)
