@@ -19,9 +19,9 @@ local worker does. With Ray's own ``max_restarts`` and ``max_task_retries`` acto
 Ray restarts it and retries its outstanding calls instead, and the restarted actor is sent
 every request the lost one held: each batch is still delivered once (an actor runs a request
 once by its number, the training process takes one answer per request, and a retry makes the
-same batch). A worker iterating
-its own copy of an iterable source cannot be restarted in place (its position is gone): the
-epoch then raises ``WorkerCrashedError``, and resuming from ``state_dict()`` continues it.
+same batch). A worker iterating its own copy of an iterable source cannot be restarted in
+place (its position is gone): the epoch then raises ``WorkerCrashedError``, and resuming from
+``state_dict()`` continues it.
 """
 
 from __future__ import annotations
