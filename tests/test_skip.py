@@ -28,10 +28,12 @@ class BadMap:
 
 
 class AsyncBadMap(BadMap):
-    """BadMap with ``async def __getitem__``."""
+    """BadMap with ``async def __getitem__``; sample ``i`` takes ``i % 3`` turns of the event
+    loop, so that fetches finish out of order (without waiting on the clock)."""
 
     async def __getitem__(self, i):
-        await asyncio.sleep(0.001 * (i % 3))
+        for _ in range(i % 3):
+            await asyncio.sleep(0)
         return BadMap.__getitem__(self, i)
 
 
