@@ -34,7 +34,8 @@ Parts (``--part``, all by default), each run in a fresh process, settings altern
   hold a socket; "auto" must stay within it).
 
 ``python -m benchmarks.probes.autosize [--part cpu io lumpy epochs defaults nofile] [--reps 3]
-[--seconds 6] [--knobs KNOB...] [--json PATH]``
+[--seconds 6] [--knobs KNOB...] [--save [PREFIX]]`` (``--save`` records each part's summary
+as its own section, ``PREFIX/PART``)
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import summaries
 from benchmarks.checks import Checker
 from benchmarks.loaders import asyncloader_options
 from benchmarks.probes.autotune import Latency, rates, timed_run
@@ -339,14 +341,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--knobs", nargs="+", default=list(KNOBS), help="for --part defaults")
-    parser.add_argument("--json", default=None, help="write the summary here")
+    summaries.add_save_argument(parser, "autosize")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
-    summary: dict[str, Any] = {"reps": args.reps, "seconds": args.seconds}
+    settings: dict[str, Any] = {"reps": args.reps, "seconds": args.seconds}
     parts: dict[str, Callable[[], dict[str, Any]]] = {
         "cpu": lambda: cpu_part(args.reps),
         "io": lambda: io_part(args.reps, args.seconds),
@@ -357,10 +359,9 @@ def main() -> None:
     }
     for name, part in parts.items():
         if name in args.part:
-            summary[name] = part()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
+            summary = part()
+            if args.save:
+                summaries.save(f"{args.save}/{name}", {**settings, **summary})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Shift: one "auto" run whose latency goes from 5 ms to 50 ms after ``--seconds`` 
 prints samples/s per 0.5 s bin and how long after the shift it reached 0.9x the best fixed
 setting's steady rate at 50 ms (measured in the same invocation).
 
-``python -m benchmarks.probes.autotune [--reps 3] [--seconds 6] [--json PATH]``
+``python -m benchmarks.probes.autotune [--reps 3] [--seconds 6] [--save [SECTION]]``
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import summaries
 from benchmarks.side_by_side import in_fresh_process
 
 SETTINGS = ["16", "64", "256", "1024", "4096", "auto"]
@@ -92,7 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--json", default=None, help="write the summary here")
+    summaries.add_save_argument(parser, "autotune")
     parser.add_argument("--setting", help=argparse.SUPPRESS)
     parser.add_argument("--latency-ms", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--shift", action="store_true", help=argparse.SUPPRESS)
@@ -136,9 +137,8 @@ def main() -> None:
     summary["shift"] = {"bins": bins, "target": target, "recovered_after_s": recovered}
     print(f"\nshift 5 -> 50 ms at {args.seconds} s (auto): samples/s per 0.5 s {bins}")
     print(f"  0.9x best fixed at 50 ms = {target:,.0f}/s reached {recovered} s after the shift")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
+    if args.save:
+        summaries.save(args.save, summary)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ a fraction of the ``io_concurrency / 20 ms`` the latency allows), the ratio to `
 workers``, and CPU per sample of the training process alone and of all its processes.
 
 ``python -m benchmarks.probes.fetch_in_workers [--reps 3] [--items 200000]
-[--io-concurrency 4096] [--json PATH]``
+[--io-concurrency 4096] [--save [SECTION]]``
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import resource
 import statistics
 import time
 
-from benchmarks import side_by_side
+from benchmarks import side_by_side, summaries
 from benchmarks.workloads import LATENCY_S
 
 PLACEMENTS = {
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--items", type=int, default=200_000)
     parser.add_argument("--io-concurrency", type=int, default=4096)
-    parser.add_argument("--json", help="also write the medians here")
+    summaries.add_save_argument(parser, "fetch_in_workers")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -102,9 +102,11 @@ def main() -> None:
             f"{m['items_per_s'] / base['items_per_s']:6.2f} "
             f"{m['self_cpu_ms_per_item']:24.4f} {m['cpu_ms_per_item']:22.4f}"
         )
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"args": vars(args), "medians": medians, "runs": runs}, out, indent=1)
+    if args.save:
+        summaries.save(
+            args.save,
+            {"items": args.items, "io_concurrency": args.io_concurrency, "medians": medians},
+        )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,8 @@ clock starts just before the loader is built and stops at its last batch; CPU is
 whole process tree.
 
 ``python -m benchmarks.probes.jpeg_shards [--reps 3] [--images 4000] [--only NAME ...]
-[--json PATH] [--plot PATH]``; ``--replot JSON [--plot PATH]`` prints the table of a saved
-``--json`` again and plots it (matplotlib, from the ``bench`` extra).
+[--save [SECTION]] [--plot PATH]``; ``--replot [SECTION] [--plot PATH]`` prints the table of
+a saved summary again and plots it (matplotlib, from the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -69,7 +69,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import summaries
+
 ROOT = Path(__file__).resolve().parents[2]
+SECTION = "jpeg_shards"  # of benchmarks/results/summary.json's probes
 SIZE = 224
 BATCH = 64
 PER_SHARD = 100
@@ -630,19 +633,25 @@ def main() -> None:
         metavar="NAME",
         help=f"run only these: {', '.join(map(repr, [*PIPELINES, ALONE]))}",
     )
-    parser.add_argument("--json", help="also write the summary here")
+    summaries.add_save_argument(parser, SECTION)
     parser.add_argument("--plot", help="also plot it here (PNG)")
-    parser.add_argument("--replot", metavar="JSON", help="only plot a saved --json to --plot")
+    parser.add_argument(
+        "--replot",
+        nargs="?",
+        const=SECTION,
+        metavar="SECTION",
+        help=f"only print and plot (to --plot) a saved summary (default: {SECTION})",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.replot:
-        with open(args.replot) as saved:
-            saved_run = json.load(saved)
-        summary = summarise(saved_run["runs"], saved_run["alone_runs"])
-        args.images, args.reps = saved_run["workload"]["images"], saved_run["reps"]
+        saved = summaries.probes()[args.replot]
+        summary = {"medians": saved["medians"], "targets": targets(saved["medians"])}
+        args.images, args.reps = saved["workload"]["images"], saved["reps"]
         print(table(summary, args))
-        plot(summary, args.plot or str(Path(args.replot).with_suffix(".png")))
+        if args.plot:
+            plot(summary, args.plot)
         return
     if args.one:
         # This module by its name, not as __main__: what goes to workers pickles by that name.
@@ -690,13 +699,12 @@ def main() -> None:
         "/",
         *(f"{x:.2f}" for x in os.getloadavg()),
     )
-    if args.json:
+    if args.save:
         import PIL
         import torch
         import webdataset
 
         meta = {
-            "command": "python -m benchmarks.probes.jpeg_shards " + " ".join(sys.argv[1:]),
             "cores": os.cpu_count(),
             "python": platform.python_version(),
             "versions": {
@@ -717,8 +725,7 @@ def main() -> None:
             "load_before": load_before,
             "load_after": os.getloadavg(),
         }
-        with open(args.json, "w") as out:
-            json.dump({**meta, **summary, "runs": runs, "alone_runs": alone}, out, indent=1)
+        summaries.save(args.save, {**meta, **summary})
     if args.plot:
         plot(summary, args.plot)
 

@@ -23,7 +23,7 @@ process and every process it started): the training process (loader and consumer
 workers (local processes or asyncloader's actors), and the rest of what Ray runs (its
 daemons, and Ray Data's actors).
 
-``python -m benchmarks.probes.ray_engine [--reps 3] [--json PATH] [--batch N] [--only io]
+``python -m benchmarks.probes.ray_engine [--reps 3] [--save [SECTION]] [--batch N] [--only io]
 [--prefetch N] [--io-concurrency N]`` (``--batch`` replaces the workloads' batch size;
 ``--only`` runs one workload's cases; ``--prefetch`` fixes asyncloader's ``prefetch``, "auto"
 by default; ``--io-concurrency`` replaces the io workload's 1024 samples in flight, in every
@@ -39,7 +39,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks import side_by_side
+from benchmarks import side_by_side, summaries
 
 CASES = {
     "cpu": ("local pool", "ray", "ray data"),
@@ -185,7 +185,7 @@ def _one(workload: str, kind: str, batch: int, prefetch: int = 0, in_flight: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--json", help="also write the medians here")
+    summaries.add_save_argument(parser, "ray_engine")
     parser.add_argument("--batch", type=int, default=0)
     parser.add_argument("--only", choices=sorted(CASES))
     parser.add_argument("--prefetch", type=int, default=0)
@@ -217,9 +217,8 @@ def main() -> None:
     print("CPU ms per batch in the steady epoch (medians): training process, workers, rest of Ray")
     for name, m in medians.items():
         print(f"  {name:16s} " + " ".join(f"{m[f'cpu_{r}']:6.3f}" for r in ROLES))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"items": ITEMS, "medians": medians}, out, indent=1)
+    if args.save:
+        summaries.save(args.save, {"items": ITEMS, "medians": medians})
 
 
 if __name__ == "__main__":

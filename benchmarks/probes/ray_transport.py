@@ -7,7 +7,7 @@ request carries ``n`` batches, by an actor call (``.remote()``, the result throu
 store) or by a compiled graph's ``execute()``; the driver keeps one request per actor in
 flight and records batches/s and the CPU of the driver and of the actors (psutil) per batch.
 
-``python -m benchmarks.probes.ray_transport [--reps 3] [--batches 4000] [--json PATH]``
+``python -m benchmarks.probes.ray_transport [--reps 3] [--batches 4000] [--save [SECTION]]``
 (each rep a fresh process per case, alternating; medians).
 """
 
@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks import side_by_side
+from benchmarks import side_by_side, summaries
 
 SHAPE = (32, 1024)
 CASES = (("call", 1), ("compiled", 1), ("call", 8), ("compiled", 8))
@@ -87,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batches", type=int, default=4000)
-    parser.add_argument("--json", help="also write the medians here")
+    summaries.add_save_argument(parser, "ray_transport")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -110,9 +110,8 @@ def main() -> None:
             f"  {name:12s} {m['batches_per_s']:7.0f} batches/s, CPU ms/batch: driver "
             f"{m['driver_cpu_ms_per_batch']:.3f}, actors {m['actors_cpu_ms_per_batch']:.3f}"
         )
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"batches": args.batches, "medians": medians}, out, indent=1)
+    if args.save:
+        summaries.save(args.save, {"batches": args.batches, "medians": medians})
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ which shares no GIL with the run; shared pages count once per process, as RSS co
 and requests per image as the proxy saw them.
 
 ``python -m benchmarks.probes.s3_images [--reps 3] [--images 2000] [--latency 0.02 0.1]
-[--io-concurrency 64] [--only NAME...] [--json PATH]``
+[--io-concurrency 64] [--only NAME...] [--save [SECTION]]``
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from benchmarks import side_by_side
+from benchmarks import side_by_side, summaries
 from benchmarks.probes.jpeg_shards import reference_pixels
 
 SIZE = 224
@@ -379,7 +379,7 @@ def main() -> None:
         choices=PIPELINES,
         help="these pipelines only (x ref needs the reference)",
     )
-    parser.add_argument("--json", help="also write the runs and medians here")
+    summaries.add_save_argument(parser, "s3_images")
     parser.add_argument("--one", nargs=2, metavar=("PIPELINE", "ENDPOINT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # run from the module by its name, so that workers can import what it pickles
@@ -416,7 +416,7 @@ def main() -> None:
                     )
     print(table(args.latency, runs, args.reps, args.images))
     print("\nload average at the end:", *(f"{x:.2f}" for x in os.getloadavg()))
-    if args.json:
+    if args.save:
         medians = {
             f"{latency * 1e3:.0f} ms/{pipeline}": {
                 **{key: statistics.median(r[key] for r in rs) for key in KEYS},
@@ -434,13 +434,7 @@ def main() -> None:
             "io_concurrency": args.io_concurrency,
             "cpus": os.cpu_count(),
         }
-        runs_out = {
-            f"{latency * 1e3:.0f} ms/{pipeline}": rs
-            for latency, by_pipeline in runs.items()
-            for pipeline, rs in by_pipeline.items()
-        }
-        with open(args.json, "w") as out:
-            json.dump({"config": config, "medians": medians, "runs": runs_out}, out, indent=1)
+        summaries.save(args.save, {"config": config, "medians": medians})
 
 
 if __name__ == "__main__":
