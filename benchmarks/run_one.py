@@ -20,7 +20,7 @@ import resource
 import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -50,6 +50,31 @@ def tree_cpu_seconds() -> float:
             continue
         total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+def cpu_by_role(role_of: Callable[[psutil.Process, str], str | None]) -> dict[int, Any]:
+    """User + system seconds so far of this process and of each descendant, by process id,
+    with the role ``role_of(process, its command line)`` gives it (``None``: not counted)."""
+    me = psutil.Process()
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times, command = proc.cpu_times(), " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if (role := role_of(proc, command)) is not None:
+            out[proc.pid] = (role, times.user + times.system)
+    return out
+
+
+def cpu_between(before: dict[int, Any], after: dict[int, Any]) -> dict[str, float]:
+    """CPU seconds by role between two :func:`cpu_by_role` (of the processes in both: one
+    that started or ended between them is left out)."""
+    spent: dict[str, float] = {}
+    for pid, (role, seconds) in after.items():
+        if pid in before:
+            spent[role] = spent.get(role, 0.0) + seconds - before[pid][1]
+    return spent
 
 
 def prepare(

@@ -51,36 +51,18 @@ KEYS = ("first_epoch", "steady", "cpu_training", "cpu_workers", "cpu_ray")
 ROLES = ("training", "workers", "ray")
 
 
-def _cpu_by_process(kind: str) -> dict[int, tuple[str, float]]:
-    """CPU seconds so far of this process (role ``training``), of its workers (``workers``:
-    the local pool's processes, or asyncloader's Ray actors) and of the rest of what it
-    started (``ray``: Ray's daemons, idle workers and Ray Data's actors), by process id."""
-    import psutil
+def _role_of(kind: str) -> Any:
+    """Which of :data:`ROLES` a process plays: this one ``training``; ``workers`` the local
+    pool's processes, or asyncloader's Ray actors; ``ray`` the rest of what Ray started (its
+    daemons, idle workers and Ray Data's actors)."""
+    me = os.getpid()
 
-    me = psutil.Process()
-    out = {}
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times, cmd = proc.cpu_times(), " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if proc.pid == me.pid:
-            role = "training"
-        elif kind == "local pool" or "RayWorker" in cmd:
-            role = "workers"
-        else:
-            role = "ray"
-        out[proc.pid] = (role, times.user + times.system)
-    return out
+    def role(process: Any, command: str) -> str:
+        if process.pid == me:
+            return "training"
+        return "workers" if kind == "local pool" or "RayWorker" in command else "ray"
 
-
-def _cpu_between(before: dict, after: dict) -> dict[str, float]:
-    """CPU seconds by role between two :func:`_cpu_by_process` (of the processes in both)."""
-    spent = dict.fromkeys(ROLES, 0.0)
-    for pid, (role, seconds) in after.items():
-        if pid in before:
-            spent[role] += seconds - before[pid][1]
-    return spent
+    return role
 
 
 def _asyncloader(
@@ -167,18 +149,20 @@ def _one(workload: str, kind: str, batch: int, prefetch: int = 0, in_flight: int
     else:
         loader = _asyncloader(workload, kind, items, batch, prefetch, in_flight)
         epoch_of, close = (lambda: iter(loader)), loader.close
-    batches = items / batch
+    from benchmarks.run_one import cpu_between, cpu_by_role
+
+    batches, role = items / batch, _role_of(kind)
     for _ in range(2):
         checker = Checker(items, WORKLOADS[workload].shape)
-        cpu0 = _cpu_by_process(kind)
+        cpu0 = cpu_by_role(role)
         t0 = time.perf_counter()
         for got in epoch_of():
             checker.add(got)
         epochs.append(items / (time.perf_counter() - t0))
-        cpu = _cpu_between(cpu0, _cpu_by_process(kind))
+        cpu = cpu_between(cpu0, cpu_by_role(role))
         checker.verify()
     close()
-    per_batch = {f"cpu_{r}": cpu[r] / batches * 1000 for r in ROLES}  # the steady epoch's
+    per_batch = {f"cpu_{r}": cpu.get(r, 0.0) / batches * 1000 for r in ROLES}  # the steady epoch's
     return {"first_epoch": epochs[0], "steady": epochs[1], **per_batch}
 
 

@@ -33,19 +33,8 @@ class _Actor:
         return [np.full(SHAPE, s, dtype=np.float32) for s in seqs]
 
 
-def _actors_cpu() -> float:
-    """CPU seconds so far of the actors (this process's descendants running ``_Actor``)."""
-    import psutil
-
-    spent = 0.0
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if "_Actor" in " ".join(proc.cmdline()):
-                times = proc.cpu_times()
-                spent += times.user + times.system
-        except psutil.Error:
-            continue
-    return spent
+def _actor_role(process: Any, command: str) -> str | None:
+    return "actors" if "_Actor" in command else None
 
 
 def _one(transport: str, per: int, batches: int) -> dict[str, float]:
@@ -65,16 +54,19 @@ def _one(transport: str, per: int, batches: int) -> dict[str, float]:
         send = [graph.execute for graph in graphs]
     else:
         send = [actor.answer.remote for actor in actors]
-    t0, cpu0, actors_cpu0 = time.perf_counter(), time.process_time(), _actors_cpu()
+    from benchmarks.run_one import cpu_between, cpu_by_role
+
+    t0, cpu0, actors0 = time.perf_counter(), time.process_time(), cpu_by_role(_actor_role)
     for first in range(0, batches, 2 * per):
         refs = [send[i](list(range(first + i * per, first + (i + 1) * per))) for i in (0, 1)]
         for ref in refs:
             assert len(ray.get(ref)) == per
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    actors_spent = cpu_between(actors0, cpu_by_role(_actor_role)).get("actors", 0.0)
     out = {
         "batches_per_s": batches / wall,
         "driver_cpu_ms_per_batch": cpu / batches * 1e3,
-        "actors_cpu_ms_per_batch": (_actors_cpu() - actors_cpu0) / batches * 1e3,
+        "actors_cpu_ms_per_batch": actors_spent / batches * 1e3,
     }
     if transport == "compiled":
         for graph in graphs:
