@@ -352,21 +352,29 @@ class WorkerCore:
 
 
 def serve(conn: Any, owner_pid: int, spec: WorkerSpec) -> None:
-    """Main function of a :class:`~asyncloader._procs.WorkerGroup` worker process.
+    """Main function of a :class:`~asyncloader._procs.WorkerGroup` worker process: sets the
+    process up as worker ``spec.worker_id``, then :func:`serve_on` ``conn``."""
+    setup_worker(
+        owner_pid, spec.worker_id, spec.num_workers, spec.base_seed, spec.plan, spec.worker_init_fn
+    )
+    serve_on(conn, spec.plan, spec.config, spec.worker_id)
+
+
+def serve_on(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
+    """Answers the requests that come over ``conn`` until told to stop, on an event loop of
+    its own, in a process set up as a worker already (by :func:`serve`; or a Ray actor of this
+    machine, on a thread of its own: :mod:`asyncloader._actor_sockets`).
 
     Messages in (tuples over ``conn``): ``("batch", key, seq, indices, samples, seeds)``,
     ``("next", key, StreamOpen, number)``, ``("open", key, StreamOpen)``, ``("stop",)``.
     Messages out: ``("ready", init_failure)`` once, then per request ``("done", key)``
     followed by the pickled result as bytes, under the key the request came with. A closed
-    pipe is a stop.
+    connection is a stop.
     """
-    setup_worker(
-        owner_pid, spec.worker_id, spec.num_workers, spec.base_seed, spec.plan, spec.worker_init_fn
-    )
     conn.send(("ready", init_failure()))
     loop = new_event_loop()
     try:
-        loop.run_until_complete(_serve(conn, spec.plan, spec.config, spec.worker_id))
+        loop.run_until_complete(_serve(conn, plan, config, worker_id))
         loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()

@@ -4,18 +4,25 @@ Each worker is a Ray actor running the same pipeline as a local ``fetch_in_worke
 worker (:class:`asyncloader._worker_loop.WorkerCore` on the actor's event loop): it fetches,
 transforms and collates the batches it is given, or iterates its own copy of an iterable
 source. The dataset, ``transform`` and ``collate_fn`` reach each actor once, when it starts;
-a request carries only indices, and requests and answers travel several to a call, a
-batch's answer as soon as it is ready (see :class:`RayWorkers`). Batches come back through
-Ray's object store; numpy arrays there are read-only views of the store, so they are copied
-once on arrival (the batch you get is writable and never aliases the store; tensors arrive as
-copies already).
+a request carries only indices.
+
+How requests and answers travel depends on where the actors run. When every actor is on the
+training process's node (and ``local_sockets``, the default), each connects to a Unix socket
+of the training process and serves it as a local worker serves its pipe
+(:mod:`asyncloader._actor_sockets`): no Ray call and no object store per batch. Otherwise
+requests and answers travel several to a Ray call, a batch's answer as soon as it is ready
+(see :class:`RayWorkers`), and batches come back through Ray's object store; numpy arrays
+there are read-only views of the store, so they are copied once on arrival (the batch you get
+is writable and never aliases the store; tensors arrive as copies already). Either way the
+batch you get is writable and your own.
 
 The actors run on whatever nodes the connected cluster has: ``ray.init(address=...)`` first,
 or a local cluster is started on first use. Ray is an optional extra (``pip install
 asyncloader[ray]``), imported only by this module.
 
 An actor that dies mid-epoch raises :class:`~asyncloader.errors.WorkerCrashedError`, as a
-local worker does. With Ray's own ``max_restarts`` and ``max_task_retries`` actor options,
+local worker does. With Ray's own ``max_restarts`` and ``max_task_retries`` actor options
+(then requests always travel through Ray, wherever the actors run),
 Ray restarts it and retries its outstanding calls instead, and the restarted actor is sent
 every request the lost one held: each batch is still delivered once (an actor runs a request
 once by its number, the training process takes one answer per request, and a retry makes the
@@ -41,8 +48,15 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
+from asyncloader._actor_sockets import (
+    ACCEPT_TIMEOUT_S,
+    ActorSockets,
+    accept,
+    connect_actor,
+    listening,
+)
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._procs import worker_specs
@@ -73,15 +87,23 @@ class RayEngine:
             ``sys.path`` as ``PYTHONPATH``, so a dataset class defined beside your script
             unpickles on a local cluster; on a remote one, install your code on the nodes or
             ship it with ``runtime_env``.
+        local_sockets: When every actor runs on this process's node, they answer over Unix
+            sockets rather than through Ray's calls and object store (``False``: always
+            through Ray). Ignored with ``max_restarts``, which needs Ray's path.
 
     Use ``persistent_workers=True`` with it: actors take seconds to start, and otherwise each
     epoch starts its own.
     """
 
-    def __init__(self, num_workers: int = 2, **actor_options: Any) -> None:
+    def __init__(
+        self, num_workers: int = 2, *, local_sockets: bool = True, **actor_options: Any
+    ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
+        if not isinstance(local_sockets, bool):
+            raise TypeError(f"local_sockets must be a bool, got {local_sockets!r}")
         self.num_workers = num_workers
+        self.local_sockets = local_sockets
         self.actor_options = actor_options
 
     def bind(self, options: Options, plan: BatchPlan, base_seed: int) -> RayWorkers:
@@ -89,7 +111,10 @@ class RayEngine:
         return RayWorkers(self, options, plan, base_seed)
 
     def __repr__(self) -> str:
-        return f"RayEngine(num_workers={self.num_workers}, **{self.actor_options!r})"
+        return (
+            f"RayEngine(num_workers={self.num_workers}, local_sockets={self.local_sockets}, "
+            f"**{self.actor_options!r})"
+        )
 
 
 class Inbox:
@@ -153,6 +178,7 @@ class RayWorker:
         )  # fmt: skip
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._args = (spec.plan, spec.config, spec.worker_id, restarted)
+        self._spec = spec
         self._core: WorkerCore | None = None
         self._inbox: Inbox | None = None
         #: Tells this incarnation of the actor from the one Ray restarted it as.
@@ -160,6 +186,14 @@ class RayWorker:
 
     async def ready(self) -> tuple[Any, str]:
         return init_failure(), self._incarnation
+
+    async def connect(self, path: str, node: str) -> bool:
+        """Serves the training process over its Unix socket at ``path`` from now on, when on
+        its ``node`` and able to reach the socket (see :mod:`asyncloader._actor_sockets`)."""
+        if ray.get_runtime_context().get_node_id() != node:
+            return False
+        spec = self._spec
+        return connect_actor(path, spec.plan, spec.config, spec.worker_id)
 
     async def exchange(
         self, requests: list[tuple[int, str, tuple[Any, ...]]], wait: bool
@@ -216,6 +250,9 @@ def received(result: Any) -> Any:
 class RayWorkers:
     """The running actors of a :class:`RayEngine`: the loader's engine interface.
 
+    When every actor runs on this process's node, requests and answers go over their
+    sockets (:class:`~asyncloader._actor_sockets.ActorSockets`) and what follows is unused.
+
     Requests and answers travel in two kinds of call to each actor (:meth:`RayWorker.exchange`),
     so that an answer leaves as soon as it is ready and a call carries whatever is:
 
@@ -252,6 +289,8 @@ class RayWorkers:
         self._flush_on: object = None
         self._failures: list[Any] | None = None
         self._closed = False
+        #: The actors' sockets, when all run on this machine (then every request goes there)
+        self._sockets: ActorSockets | None = None
 
     @staticmethod
     def new_token() -> int:
@@ -288,9 +327,44 @@ class RayWorkers:
             self._failures = [failure for failure, _ in readies]
             for seen, (_, incarnation) in zip(self._incarnations, readies, strict=True):
                 seen.add(incarnation)
+            if self._engine.local_sockets and not self._restarts():
+                self._sockets = self._connect()
         for failure in self._failures:
             if failure is not None:
                 failure.reraise()
+
+    def _restarts(self) -> bool:
+        """Ray restarts a dead actor (``max_restarts``): the long poll re-sends its requests."""
+        return self._engine.actor_options.get("max_restarts", 0) != 0
+
+    def _connect(self) -> ActorSockets | None:
+        """Every actor serving a socket of this process, or ``None`` (and none serving one)
+        when some actor is on another node or cannot reach the socket."""
+        node = ray.get_runtime_context().get_node_id()
+        with listening(self.num_workers) as (server, path):
+            refs = [a.connect.remote(path, node) for a in self._actors]
+            try:
+                connected = ray.get(refs, timeout=ACCEPT_TIMEOUT_S)
+                accepted = accept(server, sum(connected))
+            except (GetTimeoutError, TimeoutError, RayActorError):
+                return None  # an actor that connects late sees its socket closed and stops;
+                # one that died is found dead on first use
+        if not all(connected):
+            for sock, conn in accepted.values():  # their actors see the end and stop serving
+                sock.close()
+                conn.close()
+            return None
+        return ActorSockets(accepted, self._specs[0].config.loader_name, self._why_dead)
+
+    def _why_dead(self, worker: int) -> str:
+        """Why actor ``worker``, whose socket closed, died: Ray's first line on it."""
+        try:
+            ray.get(self._actors[worker].ready.remote(), timeout=ACCEPT_TIMEOUT_S)
+        except RayActorError as exc:
+            return str(exc).splitlines()[0]
+        except Exception as exc:
+            return f"its socket closed ({type(exc).__name__} asking Ray why)"
+        return "its socket closed"
 
     @property
     def processes(self) -> list[Any]:
@@ -299,20 +373,26 @@ class RayWorkers:
 
     @property
     def broken(self) -> bool:
-        return bool(self._dead)
+        return self._sockets.broken if self._sockets is not None else bool(self._dead)
 
     def submit(
         self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
     ) -> Future[Any]:
+        if self._sockets is not None:
+            return self._sockets.submit(seq, indices, samples, seeds)
         with self._lock:
             worker = min(range(self.num_workers), key=self._load.__getitem__)
         return self._request(worker, ("b", seq), "batch", (seq, indices, samples, seeds))
 
     def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
+        if self._sockets is not None:
+            return self._sockets.next_stream(worker, opening, number)
         key = ("s", worker, opening.token, number)
         return self._request(worker, key, "next_stream", (opening, number))
 
     def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
+        if self._sockets is not None:
+            return self._sockets.open_stream(worker, opening)
         return self._request(worker, ("o", worker, opening.token), "open_stream", (opening,))
 
     def _request(self, worker: int, key: Any, method: str, args: tuple[Any, ...]) -> Future[Any]:
@@ -447,6 +527,8 @@ class RayWorkers:
                 r.out.set_exception(error)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
+        if self._sockets is not None:
+            return self._sockets.describe_crash(inflight)
         notes = []
         for worker, (why, held) in sorted(self._dead.items()):
             seqs = [key[1] for key in held if key[0] == "b"]
@@ -469,6 +551,15 @@ class RayWorkers:
             self._outbox = [[] for _ in range(self.num_workers)]
         for r in held:  # nobody waits for them now (the epoch ended, or the loader closed)
             r.out.cancel()
+        if self._sockets is not None:
+            self._sockets.stop()
+        try:
+            self._stop_actors(grace)
+        finally:
+            if self._sockets is not None:
+                self._sockets.close()
+
+    def _stop_actors(self, grace: float) -> None:
         actors, self._actors = self._actors, []
         if not actors or not ray.is_initialized():
             return

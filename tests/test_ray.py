@@ -81,6 +81,11 @@ def by_ray_kind(fn):
     return pytest.mark.parametrize("kind", RAY_KINDS, ids=[k.name for k in RAY_KINDS])(fn)
 
 
+#: How batches travel from actors on this machine: over Unix sockets (the default), or
+#: through Ray's calls and object store (what actors on other nodes use).
+by_transport = pytest.mark.parametrize("local_sockets", [True, False], ids=["sockets", "ray"])
+
+
 @ray.remote
 def _granted() -> bool:
     return True
@@ -102,9 +107,11 @@ def cpus_held() -> bool:
     return ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]
 
 
+@by_transport
 @by_ray_kind
-def test_order_on_ray(kind, sources):
-    batches = epoch(loader(kind, sources, engine=RayEngine(2)), key_of(kind))
+def test_order_on_ray(kind, sources, local_sockets):
+    engine = RayEngine(2, local_sockets=local_sockets)
+    batches = epoch(loader(kind, sources, engine=engine), key_of(kind))
     check_order(batches, expected(kind, sources, AS_IN_WORKERS))
     assert all_cpus_free(), "the epoch's actors were not released"
 
@@ -112,11 +119,13 @@ def test_order_on_ray(kind, sources):
 RESUME_KINDS = [k for k in RAY_KINDS if k.name in ("sync-map", "async-iterable", "sharded-tar")]
 
 
+@by_transport
 @pytest.mark.parametrize("kind", RESUME_KINDS, ids=[k.name for k in RESUME_KINDS])
-def test_resume_on_ray(kind, sources):
+def test_resume_on_ray(kind, sources, local_sockets):
     """Stopped mid-epoch on one pair of actors, resumed on another: the same batches follow."""
+    engine = functools.partial(RayEngine, 2, local_sockets=local_sockets)
     check_resume(
-        lambda: loader(kind, sources, engine=RayEngine(2)), WORKER_RESUME_POINTS, key=key_of(kind)
+        lambda: loader(kind, sources, engine=engine()), WORKER_RESUME_POINTS, key=key_of(kind)
     )
 
 
@@ -149,10 +158,12 @@ def test_a_transform_error_in_an_actor_keeps_its_type_note_and_traceback():
     assert "raise_on_seven" in str(errors[0].__cause__), "the actor's traceback"
 
 
-def test_a_dead_actor_raises_worker_crashed_error_naming_it():
+@by_transport
+def test_a_dead_actor_raises_worker_crashed_error_naming_it(local_sockets):
     with tempfile.TemporaryDirectory() as folder:
         die = DieAt(9, "exit", str(Path(folder) / "died"))
-        made = AsyncLoader(SyncSource(40), batch_size=4, transform=die, engine=RayEngine(2))
+        engine = RayEngine(2, local_sockets=local_sockets)
+        made = AsyncLoader(SyncSource(40), batch_size=4, transform=die, engine=engine)
         with pytest.raises(WorkerCrashedError, match=r"Ray actor \d died while running .*batch 2"):
             indices_of(made)
     assert all_cpus_free()
@@ -209,6 +220,8 @@ def test_engine_arguments_are_checked():
         AsyncLoader(SyncSource(4), engine="ray")
     with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
         RayEngine(0)
+    with pytest.raises(TypeError, match="local_sockets must be a bool"):
+        RayEngine(2, local_sockets="yes")
     assert AsyncLoader(SyncSource(4), engine=RayEngine(3)).num_workers == 3
 
 
@@ -454,8 +467,9 @@ async def test_closing_an_inbox_wakes_its_waiting_collect():
     await asyncio.wait(core.tasks)
 
 
-def test_a_loader_sends_its_batches_in_fewer_calls_than_batches(monkeypatch):
-    carried = []
+def count_ray_calls(monkeypatch) -> list[int]:
+    """The requests each Ray call to an actor carries, from now on."""
+    carried: list[int] = []
     call = RayWorkers._call
     monkeypatch.setattr(
         RayWorkers,
@@ -464,10 +478,36 @@ def test_a_loader_sends_its_batches_in_fewer_calls_than_batches(monkeypatch):
             carried.append(len(requests)) or call(self, w, poll, requests)
         ),
     )
-    made = AsyncLoader(AsyncSource(64), batch_size=2, io_concurrency=64, engine=RayEngine(2))
+    return carried
+
+
+def test_a_loader_sends_its_batches_in_fewer_calls_than_batches(monkeypatch):
+    carried = count_ray_calls(monkeypatch)
+    engine = RayEngine(2, local_sockets=False)
+    made = AsyncLoader(AsyncSource(64), batch_size=2, io_concurrency=64, engine=engine)
     assert indices_of(made) == list(range(64))
     sending = [n for n in carried if n]
     assert sum(sending) == 32 and len(sending) <= 16, f"calls of {carried} requests"
+
+
+def test_actors_on_this_machine_answer_over_sockets_not_through_ray(monkeypatch):
+    carried = count_ray_calls(monkeypatch)
+    made = AsyncLoader(AsyncSource(64), batch_size=2, io_concurrency=64, engine=RayEngine(2))
+    assert indices_of(made) == list(range(64))
+    assert carried == [], "batches went through Ray calls"
+    assert not [t for t in threading.enumerate() if t.name == "asyncloader-receiver"]
+    assert all_cpus_free()
+
+
+def test_actors_that_cannot_reach_the_socket_answer_through_ray(monkeypatch):
+    """Actors on another node (here: a training process that says it is on one) answer
+    through Ray's calls, every batch once."""
+    carried = count_ray_calls(monkeypatch)
+    elsewhere = SimpleNamespace(get_node_id=lambda: "another node")
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: elsewhere)
+    made = AsyncLoader(AsyncSource(64), batch_size=2, io_concurrency=64, engine=RayEngine(2))
+    assert indices_of(made) == list(range(64))
+    assert sum(carried) == 32
 
 
 def test_requests_left_by_a_loop_closed_before_its_flush_leave_with_the_next_loops():
