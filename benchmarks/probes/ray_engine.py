@@ -8,11 +8,13 @@ the second is the steady state. Every delivered batch is checked
 
 - ``cpu``, the benchmark's cpu workload (1024-float samples in memory, a ~1.5 ms pure-Python
   ``transform``, batches of 32): ``local pool`` is ``num_workers=2``; ``ray`` is
-  ``engine=RayEngine(2)``; ``ray data`` is ``ray.data.range(n).map_batches(...)`` making and
-  burning the same samples, read with ``iter_torch_batches(batch_size=32)``.
+  ``engine=RayEngine(2)`` (its actors, on this machine, answer over Unix sockets); ``ray via
+  store`` is ``RayEngine(2, local_sockets=False)`` (through Ray's calls and object store, as
+  actors on other nodes answer); ``ray data`` is ``ray.data.range(n).map_batches(...)``
+  making and burning the same samples, read with ``iter_torch_batches(batch_size=32)``.
 - ``io``, 20 ms per sample (``async def __getitem__``), ``io_concurrency=1024``, batches of 32:
-  ``local pool`` is ``num_workers=2, fetch_in_workers=True``; ``ray`` is ``RayEngine(2)``;
-  ``ray data`` maps batches of ``ray.data.range(n)`` through 2 actors whose async
+  ``local pool`` is ``num_workers=2, fetch_in_workers=True``; ``ray`` and ``ray via store``
+  as for cpu; ``ray data`` maps batches of ``ray.data.range(n)`` through 2 actors whose async
   ``__call__`` awaits a batch's samples together, each actor running up to 16 batches at
   once (``max_concurrency``: the same 1,024 samples in flight) on half a CPU (with a whole
   one each, the range's read tasks find no CPU and the dataset never starts), read with
@@ -24,10 +26,10 @@ workers (local processes or asyncloader's actors), and the rest of what Ray runs
 daemons, and Ray Data's actors).
 
 ``python -m benchmarks.probes.ray_engine [--reps 3] [--save [SECTION]] [--batch N] [--only io]
-[--prefetch N] [--io-concurrency N]`` (``--batch`` replaces the workloads' batch size;
-``--only`` runs one workload's cases; ``--prefetch`` fixes asyncloader's ``prefetch``, "auto"
-by default; ``--io-concurrency`` replaces the io workload's 1024 samples in flight, in every
-case).
+[--prefetch N] [--io-concurrency N] [--items N]`` (``--batch`` replaces the workloads' batch
+size, ``--items`` their number of samples; ``--only`` runs one workload's cases; ``--prefetch``
+fixes asyncloader's ``prefetch``, "auto" by default; ``--io-concurrency`` replaces the io
+workload's 1024 samples in flight, in every case).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from typing import Any
 from benchmarks import side_by_side, summaries
 
 CASES = {
-    "cpu": ("local pool", "ray", "ray data"),
-    "io": ("local pool", "ray", "ray data"),
+    "cpu": ("local pool", "ray", "ray via store", "ray data"),
+    "io": ("local pool", "ray", "ray via store", "ray data"),
 }
 IO_IN_FLIGHT = 1024
 ITEMS = {"cpu": 4000, "io": 40_000}
@@ -77,10 +79,10 @@ def _asyncloader(
         dataset, options = AsyncSleepSource(items), {"io_concurrency": in_flight or IO_IN_FLIGHT}
     if prefetch:
         options["prefetch"] = prefetch
-    if kind == "ray":
+    if kind.startswith("ray"):
         from asyncloader.ray import RayEngine
 
-        options["engine"] = RayEngine(2)
+        options["engine"] = RayEngine(2, local_sockets=kind == "ray")
     else:
         options["num_workers"] = 2
         options["fetch_in_workers"] = workload == "io"
@@ -132,11 +134,13 @@ def _ray_data_epochs(workload: str, items: int, batch: int, in_flight: int = 0) 
     return lambda: (b["x"] for b in dataset.iter_torch_batches(batch_size=batch))
 
 
-def _one(workload: str, kind: str, batch: int, prefetch: int = 0, in_flight: int = 0) -> dict:
+def _one(
+    workload: str, kind: str, batch: int, prefetch: int = 0, in_flight: int = 0, items: int = 0
+) -> dict:
     from benchmarks.checks import Checker
     from benchmarks.workloads import WORKLOADS
 
-    items, batch = ITEMS[workload], batch or WORKLOADS[workload].batch
+    items, batch = items or ITEMS[workload], batch or WORKLOADS[workload].batch
     if kind != "local pool":
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # 127.0.0.1 only
         import ray
@@ -174,17 +178,19 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(CASES))
     parser.add_argument("--prefetch", type=int, default=0)
     parser.add_argument("--io-concurrency", type=int, default=0)
+    parser.add_argument("--items", type=int, default=0)
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(_one(*args.one, args.batch, args.prefetch, args.io_concurrency)))
+        got = _one(*args.one, args.batch, args.prefetch, args.io_concurrency, args.items)
+        print(json.dumps(got))
         return
     chosen = [args.only] if args.only else list(CASES)
     runs = {(w, k): [] for w in chosen for k in CASES[w]}
     for _ in range(args.reps):
         for workload, kind in runs:
             one = ("benchmarks.probes.ray_engine", "--one", workload, kind)
-            one += ("--batch", args.batch, "--prefetch", args.prefetch)
+            one += ("--batch", args.batch, "--prefetch", args.prefetch, "--items", args.items)
             one += ("--io-concurrency", args.io_concurrency)
             runs[workload, kind].append(side_by_side.in_fresh_process(*one))
     medians = {
@@ -202,7 +208,8 @@ def main() -> None:
     for name, m in medians.items():
         print(f"  {name:16s} " + " ".join(f"{m[f'cpu_{r}']:6.3f}" for r in ROLES))
     if args.save:
-        summaries.save(args.save, {"items": ITEMS, "medians": medians})
+        items = {w: args.items or n for w, n in ITEMS.items()}
+        summaries.save(args.save, {"items": items, "medians": medians})
 
 
 if __name__ == "__main__":
