@@ -65,7 +65,7 @@ def accept(server: socket.socket, count: int) -> dict[int, tuple[socket.socket, 
     accepted: dict[int, tuple[socket.socket, Connection]] = {}
     try:
         while len(accepted) < count:
-            server.settimeout(left())
+            server.settimeout(max(1e-3, left()))  # 0 would make it non-blocking
             sock, _ = server.accept()
             sock.setblocking(True)
             conn = Connection(os.dup(sock.fileno()))
