@@ -11,7 +11,7 @@ training process's node (and ``local_sockets``, the default), each connects to a
 of the training process and serves it as a local worker serves its pipe
 (:mod:`asyncloader._actor_sockets`): no Ray call and no object store per batch. Otherwise
 requests and answers travel several to a Ray call, a batch's answer as soon as it is ready
-(see :class:`RayWorkers`), and batches come back through Ray's object store; numpy arrays
+(see :class:`LongPoll`), and batches come back through Ray's object store; numpy arrays
 there are read-only views of the store, so they are copied once on arrival (the batch you get
 is writable and never aliases the store; tensors arrive as copies already). Either way the
 batch you get is writable and your own.
@@ -176,8 +176,7 @@ class RayWorker:
             None, spec.worker_id, spec.num_workers, spec.base_seed, spec.plan,
             spec.worker_init_fn, False,
         )  # fmt: skip
-        restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        self._args = (spec.plan, spec.config, spec.worker_id, restarted)
+        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._spec = spec
         self._core: WorkerCore | None = None
         self._inbox: Inbox | None = None
@@ -201,7 +200,8 @@ class RayWorker:
         """Starts ``requests`` and answers those finished since the last call (see
         :meth:`Inbox.collect`), with the actor's incarnation."""
         if self._inbox is None:  # on the actor's loop, which __init__ does not run on
-            self._core = WorkerCore(*self._args)
+            spec = self._spec
+            self._core = WorkerCore(spec.plan, spec.config, spec.worker_id, self._restarted)
             self._inbox = Inbox(self._core)
         self._inbox.start(requests)
         return self._incarnation, await self._inbox.collect(wait)
@@ -247,11 +247,9 @@ def received(result: Any) -> Any:
     return map_structure(result, _writable)
 
 
-class RayWorkers:
-    """The running actors of a :class:`RayEngine`: the loader's engine interface.
-
-    When every actor runs on this process's node, requests and answers go over their
-    sockets (:class:`~asyncloader._actor_sockets.ActorSockets`) and what follows is unused.
+class LongPoll:
+    """Requests to a :class:`RayEngine`'s actors and their answers, through Ray's calls and
+    object store: what actors on other nodes use.
 
     Requests and answers travel in two kinds of call to each actor (:meth:`RayWorker.exchange`),
     so that an answer leaves as soon as it is ready and a call carries whatever is:
@@ -270,129 +268,40 @@ class RayWorkers:
     leave from the loop of the newest request (or a thread of their own, off any loop).
     """
 
-    def __init__(self, engine: RayEngine, options: Options, plan: BatchPlan, base_seed: int):
-        self.num_workers = n = engine.num_workers
-        self._engine = engine
-        self._specs = worker_specs(options, plan, base_seed, n)
-        self._actors: list[Any] = []
+    def __init__(self, actors: list[Any], incarnations: list[set[str]]) -> None:
+        """``actors``' handles, and per actor the incarnations seen (at start)."""
+        self.num_workers = n = len(actors)
+        self._actors = actors
         self._lock = threading.Lock()
         self._load = [0] * n  # requests held per actor, queued ones included
         self._held: dict[int, tuple[int, _Request]] = {}  # number -> (actor, request)
         self._outbox: list[list[_Request]] = [[] for _ in range(n)]  # requests not yet sent
         self._polling = [False] * n  # a poll is outstanding
         self._pushing = [False] * n  # a push is in flight
-        self._incarnations: list[set[str]] = [set() for _ in range(n)]  # those seen answer
+        self._incarnations = incarnations  # per actor, those seen answer
         self._dead: dict[int, tuple[str, list[Any]]] = {}  # actor -> (why, keys it held)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the newest request
         # the loop a flush is scheduled on (or _NO_LOOP): a request from another (a new
         # epoch's, after the old loop closed with the flush unrun) schedules its own
         self._flush_on: object = None
-        self._failures: list[Any] | None = None
         self._closed = False
-        #: The actors' sockets, when all run on this machine (then every request goes there)
-        self._sockets: ActorSockets | None = None
-
-    @staticmethod
-    def new_token() -> int:
-        return next(_tokens)
-
-    def _actor_options(self) -> dict[str, Any]:
-        options = {"num_cpus": 1, **self._engine.actor_options}
-        if "runtime_env" not in options:
-            paths = [p for p in sys.path if p and os.path.isdir(p)]
-            options["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
-        return options
-
-    def start(self) -> None:
-        """Starts the actors (a local Ray cluster first, when none is connected) and waits
-        until each ran its ``worker_init_fn``; blocking. Later calls re-raise what the first
-        found.
-
-        Raises:
-            Exception: The user's own exception, when a ``worker_init_fn`` raised.
-            WorkerCrashedError: An actor died while starting.
-        """
-        if self._failures is None:
-            if not ray.is_initialized():
-                ray.init()
-            actor = ray.remote(RayWorker).options(**self._actor_options())
-            self._actors = [actor.remote(spec) for spec in self._specs]
-            try:
-                readies = ray.get([a.ready.remote() for a in self._actors])
-            except RayActorError as exc:
-                raise WorkerCrashedError(
-                    f"a Ray actor died while starting: {exc} (the dataset, transform or "
-                    "collate_fn could not be unpickled there, or it was killed)"
-                ) from exc
-            self._failures = [failure for failure, _ in readies]
-            for seen, (_, incarnation) in zip(self._incarnations, readies, strict=True):
-                seen.add(incarnation)
-            if self._engine.local_sockets and not self._restarts():
-                self._sockets = self._connect()
-        for failure in self._failures:
-            if failure is not None:
-                failure.reraise()
-
-    def _restarts(self) -> bool:
-        """Ray restarts a dead actor (``max_restarts``): the long poll re-sends its requests."""
-        return self._engine.actor_options.get("max_restarts", 0) != 0
-
-    def _connect(self) -> ActorSockets | None:
-        """Every actor serving a socket of this process, or ``None`` (and none serving one)
-        when some actor is on another node or cannot reach the socket."""
-        node = ray.get_runtime_context().get_node_id()
-        with listening(self.num_workers) as (server, path):
-            refs = [a.connect.remote(path, node) for a in self._actors]
-            try:
-                connected = ray.get(refs, timeout=ACCEPT_TIMEOUT_S)
-                accepted = accept(server, sum(connected))
-            except (GetTimeoutError, TimeoutError, RayActorError):
-                return None  # an actor that connects late sees its socket closed and stops;
-                # one that died is found dead on first use
-        if not all(connected):
-            for sock, conn in accepted.values():  # their actors see the end and stop serving
-                sock.close()
-                conn.close()
-            return None
-        return ActorSockets(accepted, self._specs[0].config.loader_name, self._why_dead)
-
-    def _why_dead(self, worker: int) -> str:
-        """Why actor ``worker``, whose socket closed, died: Ray's first line on it."""
-        try:
-            ray.get(self._actors[worker].ready.remote(), timeout=ACCEPT_TIMEOUT_S)
-        except RayActorError as exc:
-            return str(exc).splitlines()[0]
-        except Exception as exc:
-            return f"its socket closed ({type(exc).__name__} asking Ray why)"
-        return "its socket closed"
-
-    @property
-    def processes(self) -> list[Any]:
-        """None of this machine's: the workers are Ray actors."""
-        return []
 
     @property
     def broken(self) -> bool:
-        return self._sockets.broken if self._sockets is not None else bool(self._dead)
+        return bool(self._dead)
 
     def submit(
         self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
     ) -> Future[Any]:
-        if self._sockets is not None:
-            return self._sockets.submit(seq, indices, samples, seeds)
         with self._lock:
             worker = min(range(self.num_workers), key=self._load.__getitem__)
         return self._request(worker, ("b", seq), "batch", (seq, indices, samples, seeds))
 
     def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
-        if self._sockets is not None:
-            return self._sockets.next_stream(worker, opening, number)
         key = ("s", worker, opening.token, number)
         return self._request(worker, key, "next_stream", (opening, number))
 
     def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
-        if self._sockets is not None:
-            return self._sockets.open_stream(worker, opening)
         return self._request(worker, ("o", worker, opening.token), "open_stream", (opening,))
 
     def _request(self, worker: int, key: Any, method: str, args: tuple[Any, ...]) -> Future[Any]:
@@ -527,8 +436,6 @@ class RayWorkers:
                 r.out.set_exception(error)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
-        if self._sockets is not None:
-            return self._sockets.describe_crash(inflight)
         notes = []
         for worker, (why, held) in sorted(self._dead.items()):
             seqs = [key[1] for key in held if key[0] == "b"]
@@ -539,9 +446,9 @@ class RayWorkers:
             notes.append(f"Ray actor {worker} died while running {what}: {why}")
         return "; ".join(notes)
 
-    def shutdown(self, grace: float = 5.0) -> None:
-        """Stops the actors' work, lets each exit (killed after ``grace`` seconds) and waits
-        until they are gone. Idempotent; blocking."""
+    def stop(self) -> None:
+        """Takes no more requests; what the actors hold is cancelled (nobody waits for it now:
+        the epoch ended, or the loader closed). Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -549,15 +456,142 @@ class RayWorkers:
             held = [r for _, r in self._held.values()]
             self._held.clear()
             self._outbox = [[] for _ in range(self.num_workers)]
-        for r in held:  # nobody waits for them now (the epoch ended, or the loader closed)
+        for r in held:
             r.out.cancel()
-        if self._sockets is not None:
-            self._sockets.stop()
+
+    def close(self) -> None:
+        """Nothing more to release: the actors' answers stop with the actors."""
+
+
+class RayWorkers:
+    """The running actors of a :class:`RayEngine`: the loader's engine interface.
+
+    Requests and answers go over Unix sockets when every actor runs on this process's node
+    (:class:`~asyncloader._actor_sockets.ActorSockets`), else through Ray's calls
+    (:class:`LongPoll`): :meth:`start` chooses, once the actors are placed.
+    """
+
+    def __init__(self, engine: RayEngine, options: Options, plan: BatchPlan, base_seed: int):
+        self.num_workers = engine.num_workers
+        self._engine = engine
+        self._specs = worker_specs(options, plan, base_seed, self.num_workers)
+        self._actors: list[Any] = []
+        self._failures: list[Any] | None = None
+        self._transport: LongPoll | ActorSockets | None = None  # once started
+
+    @staticmethod
+    def new_token() -> int:
+        return next(_tokens)
+
+    def _actor_options(self) -> dict[str, Any]:
+        options = {"num_cpus": 1, **self._engine.actor_options}
+        if "runtime_env" not in options:
+            paths = [p for p in sys.path if p and os.path.isdir(p)]
+            options["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
+        return options
+
+    def start(self) -> None:
+        """Starts the actors (a local Ray cluster first, when none is connected) and waits
+        until each ran its ``worker_init_fn``; blocking. Later calls re-raise what the first
+        found.
+
+        Raises:
+            Exception: The user's own exception, when a ``worker_init_fn`` raised.
+            WorkerCrashedError: An actor died while starting.
+        """
+        if self._failures is None:
+            if not ray.is_initialized():
+                ray.init()
+            actor = ray.remote(RayWorker).options(**self._actor_options())
+            self._actors = [actor.remote(spec) for spec in self._specs]
+            try:
+                readies = ray.get([a.ready.remote() for a in self._actors])
+            except RayActorError as exc:
+                raise WorkerCrashedError(
+                    f"a Ray actor died while starting: {exc} (the dataset, transform or "
+                    "collate_fn could not be unpickled there, or it was killed)"
+                ) from exc
+            self._failures = [failure for failure, _ in readies]
+            if self._engine.local_sockets and not self._restarts():
+                self._transport = self._connect()
+            if self._transport is None:
+                self._transport = LongPoll(self._actors, [{seen} for _, seen in readies])
+        for failure in self._failures:
+            if failure is not None:
+                failure.reraise()
+
+    def _restarts(self) -> bool:
+        """Ray restarts a dead actor (``max_restarts``): the long poll re-sends its requests."""
+        return self._engine.actor_options.get("max_restarts", 0) != 0
+
+    def _connect(self) -> ActorSockets | None:
+        """Every actor serving a socket of this process, or ``None`` (and none serving one)
+        when some actor is on another node or cannot reach the socket."""
+        node = ray.get_runtime_context().get_node_id()
+        with listening(self.num_workers) as (server, path):
+            refs = [a.connect.remote(path, node) for a in self._actors]
+            try:
+                connected = ray.get(refs, timeout=ACCEPT_TIMEOUT_S)
+                accepted = accept(server, sum(connected))
+            except (GetTimeoutError, TimeoutError, RayActorError):
+                return None  # an actor that connects late sees its socket closed and stops;
+                # one that died is found dead on first use
+        if not all(connected):
+            for sock, conn in accepted.values():  # their actors see the end and stop serving
+                sock.close()
+                conn.close()
+            return None
+        return ActorSockets(accepted, self._specs[0].config.loader_name, self._why_dead)
+
+    def _why_dead(self, worker: int) -> str:
+        """Why actor ``worker``, whose socket closed, died: Ray's first line on it."""
+        try:
+            ray.get(self._actors[worker].ready.remote(), timeout=ACCEPT_TIMEOUT_S)
+        except RayActorError as exc:
+            return str(exc).splitlines()[0]
+        except Exception as exc:
+            return f"its socket closed ({type(exc).__name__} asking Ray why)"
+        return "its socket closed"
+
+    @property
+    def processes(self) -> list[Any]:
+        """None of this machine's: the workers are Ray actors."""
+        return []
+
+    @property
+    def broken(self) -> bool:
+        return self._transport is not None and self._transport.broken
+
+    def submit(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+    ) -> Future[Any]:
+        return self._started().submit(seq, indices, samples, seeds)
+
+    def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
+        return self._started().next_stream(worker, opening, number)
+
+    def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
+        return self._started().open_stream(worker, opening)
+
+    def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
+        return "" if self._transport is None else self._transport.describe_crash(inflight)
+
+    def _started(self) -> LongPoll | ActorSockets:
+        if self._transport is None:
+            raise BrokenProcessPool("the Ray actors are not started")
+        return self._transport
+
+    def shutdown(self, grace: float = 5.0) -> None:
+        """Stops the actors' work, lets each exit (killed after ``grace`` seconds) and waits
+        until they are gone. Idempotent; blocking."""
+        transport = self._transport
+        if transport is not None:
+            transport.stop()
         try:
             self._stop_actors(grace)
         finally:
-            if self._sockets is not None:
-                self._sockets.close()
+            if transport is not None:
+                transport.close()
 
     def _stop_actors(self, grace: float) -> None:
         actors, self._actors = self._actors, []

@@ -27,9 +27,8 @@ import torch
 ray = pytest.importorskip("ray")
 
 from asyncloader import AsyncLoader  # noqa: E402
-from asyncloader._plan import BatchPlan  # noqa: E402
 from asyncloader.errors import WorkerCrashedError  # noqa: E402
-from asyncloader.ray import Inbox, RayEngine, RayWorkers  # noqa: E402
+from asyncloader.ray import Inbox, LongPoll, RayEngine  # noqa: E402
 from tests.helpers import (  # noqa: E402
     AsyncSource,
     CodedError,
@@ -268,14 +267,9 @@ class FakeActor:
         ))  # fmt: skip
 
 
-def fake_workers() -> tuple[RayWorkers, list[FakeActor]]:
-    engine = RayEngine(2)
-    options = AsyncLoader(SyncSource(8), engine=engine)._options
-    workers = RayWorkers(engine, options, BatchPlan.of(options), 0)
-    workers._actors = actors = [FakeActor(), FakeActor()]
-    for seen in workers._incarnations:
-        seen.add("first")  # what start() learns from the actors' ready()
-    return workers, actors
+def fake_workers() -> tuple[LongPoll, list[FakeActor]]:
+    actors = [FakeActor(), FakeActor()]
+    return LongPoll(actors, [{"first"}, {"first"}]), actors  # as start() makes it
 
 
 async def turn_ended() -> None:
@@ -285,7 +279,7 @@ async def turn_ended() -> None:
     await done.wait()
 
 
-def submit(workers: RayWorkers, seqs) -> list[Future]:
+def submit(workers: LongPoll, seqs) -> list[Future]:
     return [workers.submit(seq, [seq], None, None) for seq in seqs]
 
 
@@ -470,9 +464,9 @@ async def test_closing_an_inbox_wakes_its_waiting_collect():
 def count_ray_calls(monkeypatch) -> list[int]:
     """The requests each Ray call to an actor carries, from now on."""
     carried: list[int] = []
-    call = RayWorkers._call
+    call = LongPoll._call
     monkeypatch.setattr(
-        RayWorkers,
+        LongPoll,
         "_call",
         lambda self, w, poll, requests: (
             carried.append(len(requests)) or call(self, w, poll, requests)
