@@ -79,7 +79,7 @@ def _asyncloader(
         dataset, options = AsyncSleepSource(items), {"io_concurrency": in_flight or IO_IN_FLIGHT}
     if prefetch:
         options["prefetch"] = prefetch
-    if kind.startswith("ray"):
+    if kind in ("ray", "ray via store"):  # ("ray data" is not an asyncloader)
         from asyncloader.ray import RayEngine
 
         options["engine"] = RayEngine(2, local_sockets=kind == "ray")
