@@ -17,6 +17,7 @@ from asyncloader._epoch import Epoch
 from asyncloader._meter import now
 from asyncloader._skip import EMPTY
 from asyncloader._stats import LoaderStats
+from asyncloader._threads import finalize_here
 
 
 class AsyncIterator:
@@ -51,7 +52,7 @@ class AsyncIterator:
             self._started = True
             task = self._epoch.start()
             loop = asyncio.get_running_loop()
-            self._finalizer = weakref.finalize(self, _cancel_threadsafe, loop, task)
+            self._finalizer = finalize_here(self, _cancel_threadsafe, loop, task)
         asked = now()
         try:
             async with asyncio.timeout(self._timeout) as deadline:

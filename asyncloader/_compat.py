@@ -75,6 +75,14 @@ def is_mp_context(value: Any) -> bool:
     return isinstance(value, multiprocessing.context.BaseContext)
 
 
+def forking_reducers() -> dict[type, Any]:
+    """The reductions ``multiprocessing``'s pickler adds to copyreg's (``ForkingPickler.
+    _extra_reducers``: sockets, connections, torch's tensors and storages)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    return dict(getattr(ForkingPickler, "_extra_reducers", {}))
+
+
 def s3fs_client(fs: Any) -> Any:
     """The aiobotocore client of an s3fs filesystem (``_s3``; it owns the connection pool), or
     ``None`` for other filesystems."""

@@ -58,7 +58,7 @@ from asyncloader._skip import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
 from asyncloader._start import EpochStart
 from asyncloader._stats import LoaderStats
 from asyncloader._streams import worker_stream_batches
-from asyncloader._threads import loader_threads, run_in_thread
+from asyncloader._threads import loader_threads, loop_registered, run_in_thread
 from asyncloader._transform import Transformer, inline_plan
 from asyncloader._transport import nbytes
 from asyncloader._window import Window
@@ -341,6 +341,7 @@ class Epoch:
 
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(loop_registered(asyncio.get_running_loop()))
             stack.callback(self.progress.source_opened)  # never opening: nobody waits
             try:
                 await self._flow(stack)

@@ -61,6 +61,15 @@ class BatchPlan:
             skip=options.on_error == "skip",
         )
 
+    def sent(self, worker_init_fn: Any) -> dict[str, Any]:
+        """What a worker process holding this plan receives, by the loader argument's name."""
+        return {
+            "dataset": self.dataset,
+            "transform": self.transform,
+            "collate_fn": self.collate,
+            "worker_init_fn": worker_init_fn,
+        }
+
 
 def leave_worker(batch: Any) -> Any:
     """``batch`` ready to leave this process: through shared memory from a worker of this

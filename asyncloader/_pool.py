@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from asyncloader._compat import (
@@ -88,11 +89,12 @@ class ProcessPool:
     Raises:
         RuntimeError: Starting workers with ``ctx`` would re-run an unguarded main script
             (see :func:`asyncloader._start_method.check_start`).
+        TypeError: Workers started with ``ctx`` could not receive the plan.
     """
 
     def __init__(self, options: Options, plan: BatchPlan, base_seed: int, ctx: Any = None) -> None:
         ctx = ctx or options.mp_context or default_mp_context()
-        check_start(ctx)
+        check_start(ctx, plan.sent(options.worker_init_fn))
         self.num_workers = options.num_workers
         self._loader_name = options.loader_name
         self._counter = ctx.Value("i", 0)
@@ -117,11 +119,15 @@ class ProcessPool:
         before_exit(_shut_down_live)
         self._processes: dict[int, Any] = {}
 
-    def start(self) -> None:
+    def start(self, launching: AbstractContextManager[Any] | None = None) -> None:
         """Spawns every worker now (blocking), so the first batches do not wait on serial spawns.
 
         A non-fork executor spawns one process per submit that finds no idle worker, so as many
-        submits as workers start them all.
+        submits as workers start them all; a forking one forks them all at the first submit.
+
+        Args:
+            launching: Entered around the process starts alone, not the wait for their
+                ``worker_init_fn`` (see :func:`asyncloader._threads.loops_parked`).
 
         Raises:
             Exception: The user's own exception, when a worker's ``worker_init_fn`` raised
@@ -129,7 +135,8 @@ class ProcessPool:
             WorkerCrashedError: A worker died while starting.
         """
         try:
-            futures = [self.executor.submit(init_failure) for _ in range(self.num_workers)]
+            with launching or nullcontext():
+                futures = [self.executor.submit(init_failure) for _ in range(self.num_workers)]
             failures = [f for f in (future.result() for future in futures) if f is not None]
         except BrokenProcessPool as exc:
             raise WorkerCrashedError(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from contextlib import AbstractContextManager, nullcontext
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -87,7 +88,7 @@ class WorkerGroup(Channels):
 
     def __init__(self, options: Options, plan: BatchPlan, base_seed: int, ctx: Any = None) -> None:
         ctx = ctx or options.mp_context or default_mp_context()
-        check_start(ctx)
+        check_start(ctx, plan.sent(options.worker_init_fn))
         super().__init__(options.num_workers, options.loader_name)
         self._specs = worker_specs(options, plan, base_seed, self.num_workers)
         self._ctx = ctx
@@ -98,21 +99,28 @@ class WorkerGroup(Channels):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, launching: AbstractContextManager[Any] | None = None) -> None:
         """Starts every worker and waits until each has run its ``worker_init_fn`` (blocking).
         Once started (persistent workers, a later epoch), raises what it raised then.
+
+        Args:
+            launching: Entered around the process starts alone, not the wait for their
+                ``worker_init_fn`` (see :func:`asyncloader._threads.loops_parked`).
 
         Raises:
             Exception: The user's own exception, when a ``worker_init_fn`` raised.
             WorkerCrashedError: A worker died while starting.
         """
         if self._init_failures is None:
-            self._init_failures = self._start()
+            with launching or nullcontext():
+                self._launch()
+            self._init_failures = [self._ready(i) for i in range(self.num_workers)]
+            self._listen()
         for failure in self._init_failures:
             if failure is not None:
                 failure.reraise()
 
-    def _start(self) -> list[Any]:
+    def _launch(self) -> None:
         for spec in self._specs:
             theirs, ours = self._ctx.Pipe(duplex=True)
             proc = self._ctx.Process(
@@ -125,9 +133,6 @@ class WorkerGroup(Channels):
             ours.close()
             self._procs.append(proc)
             self._conns.append(theirs)
-        failures = [self._ready(i) for i in range(self.num_workers)]
-        self._listen()
-        return failures
 
     def _ready(self, i: int) -> Any:
         conn, proc = self._conns[i], self._procs[i]

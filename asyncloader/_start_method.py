@@ -1,83 +1,100 @@
-"""How worker processes are started when the user names no start method.
+"""How worker processes are started.
 
-DataLoader forks its workers. asyncloader forks too when that is as safe as DataLoader's fork
-(:func:`fork_is_safe`: Linux, the main thread, no other Python thread, so no lock can be held
-at fork time); otherwise it uses the fork server (Linux) or spawn, which start each worker as
-a fresh process that re-imports the main script. A script that starts workers from top-level
-code, without ``if __name__ == "__main__":``, would then run again in every worker, so
-:func:`check_start` refuses it at once, naming the fix, instead of failing obscurely later.
-The fork server is started ahead of the first epoch where it will be needed
-(:func:`prestart`), so the first batch does not wait for its imports.
+As DataLoader: unless a start method is named, the workers start with ``multiprocessing``'s
+default (``set_start_method`` included): fork on Linux before Python 3.14, forkserver from
+3.14, spawn on macOS and Windows. Nothing asyncloader runs changes that choice: not its own
+threads, not an earlier epoch or loader.
+
+Fork: the workers are forked on the consumer's thread at ``iter()``, inside
+:func:`~asyncloader._threads.loops_parked`, which parks every event loop running asyncloader
+code between two of its callbacks, so no thread of asyncloader holds a lock at the fork (a
+lock held then stays held in the child).
+Its other threads at that moment wait on pipes, queues or selectors, or run your own code
+(a sync ``__getitem__`` with ``num_workers=0``). Threads of your own (a logger, a monitor)
+are yours to keep safe, exactly as under DataLoader, which forks the same way.
+
+Start methods that pickle (spawn, forkserver) re-import the main script in every worker: a
+script that starts workers from top-level code, without ``if __name__ == "__main__":``, would
+run again there, so :func:`check_start` refuses it at once, naming the fix. It also refuses,
+before any process starts, what the workers could not receive (:mod:`asyncloader._picklable`).
 """
 
 from __future__ import annotations
 
 import ast
 import multiprocessing
+import os
 import sys
-import threading
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
 from asyncloader._compat import caller_frames, start_fork_server
+from asyncloader._picklable import check_picklable
 
 _PRELOAD = ["__main__", "asyncloader._worker"]
 
 
-def fork_is_safe() -> bool:
-    """Forking now is as safe as DataLoader's own fork: Linux, from the main thread, and no
-    other Python thread alive (a thread holding a lock at fork time can deadlock the child)."""
-    return (
-        sys.platform == "linux"
-        and threading.current_thread() is threading.main_thread()
-        and threading.active_count() == 1
-    )
-
-
 def default_mp_context() -> Any:
-    """The start method used when workers cannot be forked safely (see :func:`fork_is_safe`).
-
-    forkserver on Linux: the fork server preloads asyncloader (and so torch) and the main module
-    once, so each worker starts as a fork of an already-initialised, single-threaded process.
-    spawn elsewhere.
-    """
-    if sys.platform == "linux":
-        ctx = multiprocessing.get_context("forkserver")
+    """The start method DataLoader would use: ``multiprocessing``'s default (the one
+    ``set_start_method`` set, else the platform's). When that is forkserver and the user set
+    nothing, the fork server preloads asyncloader (and so torch) and the main module once."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    ctx = multiprocessing.get_context(method or multiprocessing.get_all_start_methods()[0])
+    if method is None and ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
-        return ctx
-    return multiprocessing.get_context("spawn")
+    return ctx
+
+
+def forks(ctx: Any) -> bool:
+    """Workers started with ``ctx`` are forked from the training process."""
+    return bool(ctx.get_start_method() == "fork")
 
 
 def prestart(num_workers: int, mp_context: Any) -> None:
-    """Starts the fork server now (without waiting for its imports) when this loader's first
-    epoch would start its workers through it: they are asked for, no start method was named,
-    and forking is not safe already (other threads run)."""
-    if num_workers and mp_context is None and sys.platform == "linux" and not fork_is_safe():
-        if unguarded_main_line() is None:
-            default_mp_context()
-            start_fork_server()
+    """Starts the fork server now (without waiting for its imports) when this loader's workers
+    will start through it, so the first epoch does not wait for it."""
+    if not num_workers or sys.platform != "linux":
+        return
+    ctx = mp_context or default_mp_context()
+    if ctx.get_start_method() == "forkserver" and unguarded_main_line() is None:
+        start_fork_server()
 
 
-def check_start(ctx: Any) -> None:
-    """Raises at once when workers started with ``ctx`` would re-run the main script.
+def check_start(ctx: Any, sent: Mapping[str, Any]) -> None:
+    """Raises at once, before any process starts, when workers started with ``ctx`` would
+    re-run the main script or could not receive what they are sent.
+
+    Args:
+        sent: What every worker receives, by the loader argument's name (``dataset``,
+            ``collate_fn``...).
 
     Raises:
         RuntimeError: ``ctx`` is not fork, and the loader is iterated from the main script's
             top-level code outside ``if __name__ == "__main__":``.
+        TypeError: ``ctx`` is not fork, and one of ``sent`` cannot be pickled, or unpickled in
+            a fresh process (see :func:`asyncloader._picklable.check_picklable`).
     """
-    if ctx.get_start_method() == "fork":
+    if forks(ctx):
         return
+    method = ctx.get_start_method()
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.isfile(main_file):
+        raise RuntimeError(
+            f"asyncloader: the workers start with {method!r}, which re-runs the main script "
+            f"in every worker, and this one ({main_file}) is not a file (`python -`): run it "
+            'from a file, or pass mp_context="fork" (Linux)'
+        )
     line = unguarded_main_line()
-    if line is None:
-        return
-    threads = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
-    why = f"other threads are running ({', '.join(threads)})" if threads else "it was asked for"
-    raise RuntimeError(
-        f"asyncloader: the workers would start with {ctx.get_start_method()!r} ({why}), which "
-        f"re-runs the main script in every worker, and this script ({line}) starts them from "
-        'top-level code. Put that code under `if __name__ == "__main__":` (as multiprocessing '
-        'requires), or pass mp_context="fork" to fork the workers regardless of the threads.'
-    )
+    if line is not None:
+        fork = ' or pass mp_context="fork" (Linux)' if sys.platform == "linux" else ""
+        raise RuntimeError(
+            f"asyncloader: the workers start with {method!r}, which re-runs the main script in "
+            f"every worker, and this script ({line}) starts them from top-level code. Put "
+            'that code under `if __name__ == "__main__":` (as multiprocessing requires)'
+            f"{fork}."
+        )
+    check_picklable(sent, method)
 
 
 def unguarded_main_line() -> str | None:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import queue
 import threading
-import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -30,7 +29,7 @@ from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
 from asyncloader._meter import now
 from asyncloader._skip import EMPTY
-from asyncloader._threads import new_event_loop, unsafe_to_wait
+from asyncloader._threads import finalize_here, loop_registered, new_event_loop, unsafe_to_wait
 
 _ITEM, _END, _ERROR = 0, 1, 2
 
@@ -120,18 +119,19 @@ class LoopThread:
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
     asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
+    with loop_registered(loop):  # parked while a loader forks its workers
         try:
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.run_forever()
         finally:
-            loop.close()
+            try:
+                tasks = asyncio.all_tasks(loop)
+                for task in tasks:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
 
 
 async def _pump(epoch: Epoch, out: queue.SimpleQueue[tuple[int, Any]]) -> None:
@@ -200,7 +200,7 @@ class SyncIterator:
         # An epoch cancelled before it started opens nothing: state_dict() need not wait.
         self._pump = loop.run(_pump(epoch, self._queue), epoch.progress.source_opened)
         self._done = False
-        self._finalizer = weakref.finalize(self, _finalize, self._pump)
+        self._finalizer = finalize_here(self, _finalize, self._pump)
 
     def __iter__(self) -> SyncIterator:
         return self

@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import threading
-from collections.abc import Callable
+import time
+import weakref
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -39,6 +42,81 @@ def unsafe_to_wait() -> bool:
     its Future there): waiting now for a thread that submits would deadlock. An explicit
     ``gc.collect()`` (the lock free) may wait."""
     return getattr(_gc_state, "active", False) and thread_pools_locked()
+
+
+#: Event loops that run asyncloader code now (the loaders' loop threads, a user's loop while an
+#: epoch runs on it) -> how many of asyncloader's users they have.
+_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
+_loops_lock = threading.Lock()
+#: How long :func:`loops_parked` waits for a loop to reach its park (a loop never blocks
+#: this long unless a callback of someone else's does).
+PARK_S = 5.0
+
+
+@contextlib.contextmanager
+def loop_registered(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """Within: ``loop`` runs asyncloader code, and :func:`loops_parked` parks it."""
+    with _loops_lock:
+        _loops[loop] = _loops.get(loop, 0) + 1
+    try:
+        yield
+    finally:
+        with _loops_lock:
+            left = _loops.get(loop, 1) - 1
+            if left:
+                _loops[loop] = left
+            else:
+                _loops.pop(loop, None)
+
+
+def _park(arrived: threading.Event, resume: threading.Event) -> None:
+    arrived.set()
+    resume.wait()
+
+
+@contextlib.contextmanager
+def loops_parked(timeout: float = PARK_S) -> Iterator[None]:
+    """Within: every registered event loop but the caller's own waits inside a callback of
+    ours, between two of its callbacks, where none of its code holds a lock (asyncloader's
+    code takes a thread lock only within one callback, never across an ``await``).
+
+    For forking: a child process inherits every lock as it was, and one held by another
+    thread at that moment stays held in the child for ever. A loop that does not reach its
+    park within ``timeout`` (a callback of someone else's blocks it) is not waited for.
+    """
+    try:
+        own = asyncio.get_running_loop()
+    except RuntimeError:
+        own = None
+    with _loops_lock:
+        loops = [loop for loop in _loops if loop is not own and loop.is_running()]
+    resume = threading.Event()
+    arrivals = []
+    for loop in loops:
+        arrived = threading.Event()
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: it runs nothing
+            loop.call_soon_threadsafe(_park, arrived, resume)
+            arrivals.append(arrived)
+    try:
+        deadline = time.monotonic() + timeout
+        for arrived in arrivals:
+            arrived.wait(max(0.0, deadline - time.monotonic()))
+        yield
+    finally:
+        resume.set()
+
+
+def finalize_here(obj: object, fn: Callable[..., Any], *args: Any) -> weakref.finalize:
+    """``weakref.finalize(obj, fn, *args)`` that calls ``fn`` only in the process that made
+    it. A forked worker inherits every object of the training process; collecting one there
+    must not stop, join or wait for threads and processes that are the training process's
+    (in the child they do not exist, and waiting for them hangs it)."""
+    return weakref.finalize(obj, _in_process, os.getpid(), fn, *args)
+
+
+def _in_process(pid: int, fn: Callable[..., Any], *args: Any) -> None:
+    if os.getpid() == pid:
+        fn(*args)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -9,6 +9,7 @@ shared with the parent (:class:`Running`), so a crash can be reported with the b
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,9 @@ def setup_worker(
     global _info, _plan, _init_failure, _sharing
     if owner_pid is not None:
         watch_parent(owner_pid)
+        # Ctrl-C is the training process's to handle (it stops the workers), as DataLoader's
+        # workers leave it: a KeyboardInterrupt here would come back as a batch's error.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _sharing = share_batches
     seed = base_seed + worker_id
     torch.set_num_threads(1)

@@ -6,15 +6,14 @@ when ``num_workers="auto"`` gives the epoch another count). Each
 epoch receives a :class:`WorkerLease`, an async context manager that hands it a started pool
 and, on exit, shuts down the pool if the epoch owned it.
 
-When the epoch starts in the main thread of a process that has no other thread (DataLoader's
-situation) and no start method was asked for, the workers are forked at once, on the
-consumer's thread, before the epoch starts any thread: as quick as DataLoader's start, without
-fork's danger. Otherwise they start on a helper thread, off the event loop.
+Forked workers (the default on Linux before Python 3.14, as DataLoader's) are forked at once,
+on the consumer's thread at ``iter()``, with asyncloader's event loops parked
+(:mod:`asyncloader._start_method`): in every epoch, for every loader, whatever threads run.
+Workers of a start method that pickles start on a helper thread, off the event loop.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import warnings
 from typing import Any
@@ -23,17 +22,11 @@ from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._pool import ProcessPool
 from asyncloader._procs import WorkerGroup
-from asyncloader._start_method import fork_is_safe, prestart
-from asyncloader._threads import run_in_thread
+from asyncloader._start_method import default_mp_context, forks, prestart
+from asyncloader._threads import loops_parked, run_in_thread
 
 #: The workers of an epoch: transforming (and calling a sync ``__getitem__``), or fetching too.
 Pool = ProcessPool | WorkerGroup
-
-_FORK = (
-    multiprocessing.get_context("fork")
-    if "fork" in multiprocessing.get_all_start_methods()
-    else None
-)
 
 
 class WorkerLease:
@@ -117,17 +110,13 @@ class Workers:
             if self._persistent_seed is None:
                 self._persistent_seed = epoch_seed
             base_seed = self._persistent_seed
-        fork_now = (
-            options.engine is None
-            and options.mp_context is None
-            and fork_is_safe()
-            and _FORK is not None
-        )
-        pool, owned = self._pool_for(options, base_seed, _FORK if fork_now else None)
+        ctx = options.mp_context or default_mp_context()
+        fork_now = options.engine is None and forks(ctx)
+        pool, owned = self._pool_for(options, base_seed, ctx)
         if not fork_now:
             return WorkerLease(pool, owned, started=False)
         try:
-            pool.start()
+            pool.start(loops_parked())
         except Exception as exc:
             if owned:
                 pool.shutdown()

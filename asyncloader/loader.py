@@ -37,7 +37,7 @@ from asyncloader._state import (
 )
 from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
-from asyncloader._threads import keep_torch_threads, run_in_thread, unsafe_to_wait
+from asyncloader._threads import finalize_here, keep_torch_threads, run_in_thread, unsafe_to_wait
 from asyncloader._validate import check_int, dataloader_spellings, warn_many_workers
 from asyncloader._workers import Workers
 
@@ -101,10 +101,11 @@ class AsyncLoader(Generic[T_co]):
             or draws from the global RNGs, the seeding of that worker is its own (batches are
             not reseeded there; see ``generator``).
         multiprocessing_context: Start method name or multiprocessing context for the workers
-            (``mp_context`` is the same option). Default: on Linux ``fork`` when the epoch
-            starts in the main thread of a process with no other thread (DataLoader's
-            situation; the workers are forked before the loader starts any thread), else
-            ``forkserver`` (fork after threads can deadlock); ``spawn`` elsewhere.
+            (``mp_context`` is the same option). Default: DataLoader's, ``multiprocessing``'s
+            default start method (``fork`` on Linux before Python 3.14), whatever threads
+            run. Forked workers fork at ``iter()`` with asyncloader's own threads parked;
+            with a start method that pickles, what cannot be pickled raises ``TypeError``
+            there, naming it, before any process starts.
         generator: ``torch.Generator`` for shuffling and the epoch's seed. Worker ``i`` starts
             from ``seed + i`` (DataLoader's rule, ``get_worker_info().seed``); then each batch
             a worker runs seeds its global RNGs from ``(epoch seed, batch number)``, so random
@@ -284,7 +285,7 @@ class AsyncLoader(Generic[T_co]):
         tell_rank(self._options)
         self._workers = Workers(self._options)
         self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
-        self._finalizer = weakref.finalize(self, _release, self._workers, self._loop_thread, True)
+        self._finalizer = finalize_here(self, _release, self._workers, self._loop_thread, True)
         self._iterators: weakref.WeakSet[SyncIterator] = weakref.WeakSet()
         self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self._last: Epoch | None = None

@@ -163,11 +163,11 @@ def shm_used_by(pids: Iterable[int]) -> set[str]:
 #: Where the training loop runs -> the script's arguments (where it iterates, mp_context).
 START_PATHS = {
     "main-thread-fork": ("main", "default"),
-    "other-thread-forkserver": ("thread", "default"),
-    "other-thread-mp_context=fork": ("thread", "fork"),
+    "other-thread-fork": ("thread", "default"),
+    "other-thread-forkserver": ("thread", "forkserver"),
     # The fetching workers (fetch_in_workers=True), forked and from the fork server.
     "fetch-in-workers-fork": ("main", "default", "fetch-in-workers"),
-    "fetch-in-workers-forkserver": ("thread", "default", "fetch-in-workers"),
+    "fetch-in-workers-forkserver": ("thread", "forkserver", "fetch-in-workers"),
 }
 
 
@@ -187,7 +187,7 @@ def test_workers_exit_within_seconds_of_the_training_process_death(
         family = psutil.Process(child.proc.pid).children(recursive=True)
         assert len(family) >= 2, f"expected 2 workers at least, found {describe(family)}"
         ours = shm_used_by([child.proc.pid, *(proc.pid for proc in family)]) - shm_before
-        if START_PATHS[path][:2] == ("thread", "default") and len(START_PATHS[path]) == 2:
+        if START_PATHS[path] == ("thread", "forkserver"):
             assert ours, "the fork server's workers map the pool's named semaphores"
         exits = Exits(family)
         try:
@@ -260,13 +260,17 @@ def test_a_process_that_raises_with_a_live_iterator_exits(how, tmp_path, record_
 LEAKED = re.compile(r"There appear to be \d+ leaked \w+ objects")
 
 
+@pytest.mark.parametrize("start", ["default", "forkserver"])
 @pytest.mark.parametrize("end", ["finish", "raise"])
-def test_exit_leaves_no_leaked_semaphore_warning(end, tmp_path):
-    """A script whose workers run under the fork server, with persistent_workers off and on,
-    exits without the resource tracker's "leaked semaphore" warning, whether it finishes its
-    epochs or raises while it holds live iterators."""
-    with script("exit_quietly.py", end, tmp_path=tmp_path) as child:
-        assert child.line(START_S) == "children: forkserver resource_tracker"
+def test_exit_leaves_no_leaked_semaphore_warning(end, start, tmp_path):
+    """A script with a thread of its own, whose workers are forked (the default: no fork
+    server nor resource tracker is started, as under DataLoader) or run under the fork server,
+    with persistent_workers off and on, exits without the resource tracker's "leaked
+    semaphore" warning, whether it finishes its epochs or raises while it holds live
+    iterators."""
+    helpers = "" if start == "default" else " forkserver resource_tracker"
+    with script("exit_quietly.py", end, start, tmp_path=tmp_path) as child:
+        assert child.line(START_S) == "children:" + helpers
         code = child.wait(START_S)
         child.output_closed(ORPHAN_EXIT_S)  # the tracker, which warns as it exits, is gone
         stderr = child.stderr()

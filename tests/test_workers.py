@@ -12,7 +12,6 @@ import torch
 from torch.utils.data import DistributedSampler, default_collate
 
 from asyncloader import AsyncLoader, RemoteTraceback, WorkerCrashedError, get_worker_info
-from asyncloader._start_method import default_mp_context
 from asyncloader._transport import to_shared
 from tests.helpers import (
     AsyncSource,
@@ -145,46 +144,40 @@ class CountedPickles(SyncSource):
         return self.__dict__
 
 
-@pytest.mark.parametrize(("mp_context", "pickles"), [("forkserver", 2), ("spawn", 2), (None, 0)])
+@pytest.mark.parametrize(("mp_context", "pickles"), [("forkserver", 3), ("spawn", 3), (None, 0)])
 def test_dataset_is_shipped_once_per_worker_not_per_task(mp_context, pickles):
-    """50 batches, 2 workers: the dataset is pickled once per worker at start (not at all when
-    the workers are forked from a single-threaded process), never per task."""
-    # Loaders of earlier tests kept in reference cycles (a caught exception's traceback holds
-    # its iterator, and that its loader) go now: their loop threads would make fork unsafe.
-    gc.collect()
-    # So would a thread of an earlier test still ending (a pool's reaper): wait for it, and
-    # name any that does not end rather than fail on the count below.
-    if mp_context is None:
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread():
-                thread.join(10)
-        assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
+    """50 batches, 2 workers: the dataset is pickled once per worker at start, and once before
+    to check it can be (not at all when the workers are forked, the default), never per
+    task."""
     CountedPickles.pickled = 0
     loader = AsyncLoader(CountedPickles(100), batch_size=2, num_workers=2, mp_context=mp_context)
     assert indices_of(loader) == list(range(100))
     assert CountedPickles.pickled == pickles
 
 
-def test_with_another_thread_alive_workers_come_from_the_fork_server():
-    """fork is used only from a single-threaded process: another live thread means forkserver
-    (seen as the dataset being pickled to each worker)."""
+@pytest.mark.parametrize("persistent", [False, True])
+def test_threads_alive_do_not_change_how_workers_start(persistent):
+    """Another thread alive, and the loader's own loop thread from its first epoch: every
+    epoch's workers are still forked (the dataset is never pickled), as DataLoader's."""
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, name="someone-elses-thread")
     other.start()
     try:
         CountedPickles.pickled = 0
-        assert indices_of(AsyncLoader(CountedPickles(20), batch_size=2, num_workers=2)) == list(
-            range(20)
+        loader = AsyncLoader(
+            CountedPickles(20), batch_size=2, num_workers=2, persistent_workers=persistent
         )
-        assert CountedPickles.pickled == 2
+        for _ in range(3):
+            assert indices_of(loader) == list(range(20))
+        loader.close()
+        assert CountedPickles.pickled == 0
     finally:
         stop.set()
         other.join()
 
 
-def test_default_start_method_is_forkserver_and_mp_context_is_honoured():
-    """forkserver by default on Linux; mp_context='spawn' starts spawned workers that work."""
-    assert default_mp_context().get_start_method() == "forkserver"
+def test_mp_context_is_honoured():
+    """mp_context='spawn' starts spawned workers that work."""
     loader = AsyncLoader(SyncSource(20), batch_size=5, num_workers=2, mp_context="spawn")
     assert indices_of(loader) == list(range(20))
 
@@ -356,3 +349,30 @@ def test_worker_init_fn_error_keeps_its_type_message_and_traceback(mp_context):
     assert "failing_init raises here" in info.value.__cause__.tb
     loader.close()
     assert worker_processes() == before
+
+
+def collect_garbage(worker_id):
+    gc.collect()
+
+
+@pytest.mark.timeout(60)
+def test_garbage_of_the_training_process_collected_in_a_worker_does_not_hang_it():
+    """A forked worker inherits the training process's uncollected objects (here a running
+    epoch's iterator in a reference cycle); collecting them there calls none of their
+    finalizers, which would wait for the training process's threads."""
+    first = AsyncLoader(SyncSource(40), batch_size=4)
+    gc.disable()
+    try:
+        it = iter(first)
+        next(it)
+        holder = {"it": it}
+        holder["self"] = holder
+        del it, holder
+        second = AsyncLoader(
+            SyncSource(12), batch_size=4, num_workers=2, worker_init_fn=collect_garbage
+        )
+        assert indices_of(second) == list(range(12))
+    finally:
+        gc.enable()
+        gc.collect()
+        first.close()

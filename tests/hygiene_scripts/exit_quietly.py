@@ -2,9 +2,10 @@
 normally or by raising while it holds a live iterator of each: tests/test_hygiene.py reads its
 stderr for the resource tracker's "leaked semaphore" warning.
 
-``python exit_quietly.py {finish,raise}``. The loaders run in the main thread while an idle
-thread is alive, so asyncloader starts their workers through the fork server, whose
-semaphores the resource tracker watches (forked pools unlink theirs at once: no tracker runs).
+``python exit_quietly.py {finish,raise} {default,forkserver}``. The loaders run in the main
+thread while an idle thread is alive; their workers are forked (the default) or start through
+the fork server, whose semaphores the resource tracker watches (forked pools unlink theirs at
+once: no tracker runs).
 """
 
 import sys
@@ -16,11 +17,12 @@ from asyncloader import AsyncLoader
 from tests.helpers import SyncSource, indices_of
 
 
-def train(end: str) -> None:
+def train(end: str, mp_context: str | None) -> None:
     loaders = [
-        AsyncLoader(SyncSource(40), batch_size=4, num_workers=2, persistent_workers=persistent)
+        AsyncLoader(SyncSource(40), batch_size=4, num_workers=2, persistent_workers=persistent,
+                    mp_context=mp_context)
         for persistent in (False, True)
-    ]
+    ]  # fmt: skip
     for loader in loaders:
         for _ in range(2):
             assert indices_of(loader) == list(range(40))
@@ -40,4 +42,4 @@ def train(end: str) -> None:
 
 if __name__ == "__main__":
     threading.Thread(target=threading.Event().wait, name="idle", daemon=True).start()
-    train(sys.argv[1])
+    train(sys.argv[1], None if sys.argv[2] == "default" else sys.argv[2])

@@ -1,10 +1,10 @@
 """A training process that tests/test_hygiene.py kills: it iterates an AsyncLoader with 2
 workers over a million slow samples and prints "ready" once it has its first batch.
 
-``python train_forever.py {main,thread} {default,fork} [fetch-in-workers]``: iterate in the
-main thread (where asyncloader forks its workers) or in another thread (where it uses the fork
-server, unless ``mp_context="fork"`` is asked for with ``fork``); ``fetch-in-workers``: with
-``fetch_in_workers=True`` (the workers of asyncloader._procs).
+``python train_forever.py {main,thread} {default,forkserver,...} [fetch-in-workers]``: iterate
+in the main thread or in another thread, with the default start method (fork, in either) or
+the one named; ``fetch-in-workers``: with ``fetch_in_workers=True`` (the workers of
+asyncloader._procs).
 """
 
 import sys
