@@ -68,6 +68,17 @@ def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> N
     workers.close(warn)
 
 
+def _restored(
+    cls: type[AsyncLoader], options: Options, epoch: int, resume: dict[str, Any] | None
+) -> AsyncLoader:
+    """A loader of ``options`` at ``epoch``, with ``resume`` loaded (see ``__reduce__``)."""
+    loader = cls.__new__(cls)
+    loader._options = options
+    loader._setup()
+    loader._epoch, loader._resume = epoch, resume
+    return loader
+
+
 class AsyncLoader(Generic[T_co]):
     """Loads batches from ``dataset``: IO on an event loop, CPU work in a process pool.
 
@@ -283,6 +294,11 @@ class AsyncLoader(Generic[T_co]):
         )  # fmt: skip
         warn_many_workers(type(self).__name__, num_workers)
         tell_rank(self._options)
+        self._setup()
+
+    def _setup(self) -> None:
+        """What a loader keeps across epochs, made from its options (none of it is copied:
+        see :meth:`__reduce__`)."""
         self._workers = Workers(self._options)
         self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
         self._finalizer = finalize_here(self, _release, self._workers, self._loop_thread, True)
@@ -557,6 +573,21 @@ class AsyncLoader(Generic[T_co]):
         await run_in_thread(
             lambda: _release(self._workers, self._loop_thread), "asyncloader-reaper"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A pickle or a copy of a loader, as of a DataLoader, holds its configuration, the
+        epoch it is at and the state given to :meth:`load_state_dict` and not yet used:
+        never its loop thread, workers or running epochs (the copy starts its own).
+        ``copy.deepcopy`` copies the dataset and shares a user's ``executor``; ``pickle``
+        refuses a loader holding one, as it refuses the executor."""
+        return _restored, (type(self), self._options, self._epoch, self._resume)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> AsyncLoader:
+        executor = self._options.executor
+        if executor is not None:
+            memo.setdefault(id(executor), executor)  # the user's pool, not ours to copy
+        args = copy.deepcopy(self.__reduce__()[1], memo)
+        return _restored(*args)
 
     def __enter__(self) -> AsyncLoader:
         return self
