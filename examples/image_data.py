@@ -59,6 +59,12 @@ def tar_shards(samples: Sequence[tuple[str, bytes, int]], per_shard: int = 100) 
     return [tar_shard(samples[i : i + per_shard]) for i in range(0, len(samples), per_shard)]
 
 
+def shard_sizes(n: int, per_shard: int = 100) -> list[int]:
+    """The samples in each of the shards ``tar_shards`` makes of ``n`` samples: ``per_shard``,
+    the last fewer when ``per_shard`` does not divide ``n`` (``samples_per_shard`` for them)."""
+    return [min(per_shard, n - start) for start in range(0, n, per_shard)]
+
+
 def cached_shards(
     n: int, per_shard: int = 100, seed: int = 0, directory: str | Path = ".cache/image_shards"
 ) -> list[Path]:

@@ -5,7 +5,7 @@ Generates WebDataset tar shards of deterministic JPEGs (``image_data.py``, cache
 free port) that waits 20 ms before each response, and trains a small CNN for a fixed number
 of steps on::
 
-    ShardedSource(urls)                                    # shards read in the workers
+    ShardedSource(urls, samples_per_shard=counts)          # 100 a shard, the last fewer
     AsyncLoader(..., num_workers=2, fetch_in_workers=True,
                 collate_fn=ImageBatch(SIZE, output="uint8"),  # decode + crop + flip, uint8
                 device=DEVICE, device_transform=Normalize())  # normalised on the device
@@ -27,7 +27,7 @@ import os
 import time
 
 import torch
-from image_data import cached_shards
+from image_data import cached_shards, shard_sizes
 from latency_server import LatencyServer
 from torch import nn
 from tqdm import tqdm
@@ -99,9 +99,10 @@ def main() -> None:
     torch.set_num_threads(1)  # the workers have the other cores
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     paths = cached_shards(args.images, PER_SHARD)
+    counts = shard_sizes(args.images, PER_SHARD)  # the last shard holds the rest
     print(f"{args.images} JPEGs in {len(paths)} shards, {LATENCY_S * 1e3:.0f} ms per request")
     with LatencyServer([p.read_bytes() for p in paths], latency=LATENCY_S) as server:
-        source = ShardedSource(server.urls(), samples_per_shard=PER_SHARD, shuffle_buffer=500)
+        source = ShardedSource(server.urls(), samples_per_shard=counts, shuffle_buffer=500)
         loader = AsyncLoader(
             source,
             batch_size=BATCH,

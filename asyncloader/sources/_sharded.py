@@ -44,7 +44,9 @@ from asyncloader.sources._retry import Attempts, Retry, describe_cause
 from asyncloader.sources._shardplan import (
     Slice,
     check_ranks,
+    check_shuffle,
     check_tail,
+    miscounted,
     parse_counts,
     per_rank,
     plan,
@@ -111,11 +113,13 @@ class ShardedSource(ClientSource):
 
     Args:
         shard_urls: Tar shards: ``http(s)://`` URLs, fsspec URLs (``s3://...``), or local paths.
-        samples_per_shard: Samples in each shard (an int for all, or one per shard). Splitting
-            shards across ranks with equal counts (see below) needs them: without, each rank
-            counts them on its first epoch by reading every shard once
-            (:meth:`count_samples`). ``len()`` needs them too. A shard holding fewer or more
-            than declared raises.
+        samples_per_shard: Samples in each shard: one per shard, or one int, which every
+            shard holds but the last, which holds at most that many (as
+            ``webdataset.ShardWriter(maxcount=...)`` leaves them); the last shard is then
+            counted (read once, see :meth:`count_samples`) before the first iteration.
+            Splitting shards across ranks with equal counts (see below) needs them: without,
+            each rank counts them on its first epoch by reading every shard once. ``len()``
+            needs them too. A shard holding fewer or more than declared raises FetchError.
         seed: Seeds the shard order and the shuffle buffer; the same on every rank.
         shuffle: Shuffle the shard order each epoch (and samples, with ``shuffle_buffer``).
         shuffle_buffer: Samples held to shuffle among (1: no sample shuffling).
@@ -182,33 +186,21 @@ class ShardedSource(ClientSource):
         if isinstance(shard_urls, str) or not shard_urls:
             raise ValueError("shard_urls must be a non-empty sequence of URLs or paths")
         self._urls = [str(u) for u in shard_urls]
-        for name, value in (
-            ("shuffle_buffer", shuffle_buffer),
-            ("shard_concurrency", shard_concurrency),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__qualname__}")
-            if value < 1:
-                raise ValueError(f"{name}={value} must be >= 1")
-        if shuffle_initial is None:
-            shuffle_initial = min(100, shuffle_buffer)
-        if isinstance(shuffle_initial, bool) or not isinstance(shuffle_initial, int):
-            raise TypeError(
-                f"shuffle_initial must be an int, got {type(shuffle_initial).__qualname__}"
-            )
-        if not 1 <= shuffle_initial <= shuffle_buffer:
-            raise ValueError(
-                f"shuffle_initial={shuffle_initial} must be between 1 and "
-                f"shuffle_buffer={shuffle_buffer}"
-            )
-        self._counts = parse_counts(samples_per_shard, len(self._urls))
+        shuffle_initial = check_shuffle(shuffle_buffer, shard_concurrency, shuffle_initial)
+        counts = parse_counts(samples_per_shard, len(self._urls))
         if (rank is None) != (world_size is None):
             raise ValueError(f"rank and world_size go together, got {rank=} and {world_size=}")
         if rank is not None and world_size is not None:
             check_ranks(rank, world_size)
         check_tail(distributed_tail)
-        if on_error == "skip" and self._counts is None:
+        if on_error == "skip" and counts is None:
             raise ValueError("on_error='skip' needs samples_per_shard, to count what it skips")
+        # The shards' counts when known. One int: every shard holds that many but the last,
+        # which holds at most that many (``_at_most``) and is counted before an iteration.
+        self._counts: list[int] | None = counts
+        self._at_most: int | None = None
+        if isinstance(samples_per_shard, int):
+            self._counts, self._at_most = None, samples_per_shard
         self._skips = Skips(on_error, max_skipped)
         self._client = make_client(
             self._urls[0],
@@ -339,7 +331,17 @@ class ShardedSource(ClientSource):
 
     def slices(self, worker: int = 0, workers: int = 1) -> list[Slice]:
         """The shard slices this rank (its worker ``worker`` of ``workers``) reads in the
-        current epoch (what a loaded interrupted epoch had left), in reading order."""
+        current epoch (what a loaded interrupted epoch had left), in reading order.
+
+        Raises:
+            ValueError: The split needs counts this source does not have yet (one int
+                ``samples_per_shard``: the last shard's; none: every shard's, beyond one rank).
+        """
+        if self._counts is None and self._at_most is not None:
+            raise ValueError(
+                "the last shard's count is not known yet (samples_per_shard is one int: the "
+                "last shard may hold fewer); await count_samples() first, which reads it"
+            )
         pos = self._position
         tail, history = (pos.tail, pos.history) if pos is not None else (self._tail, [])
         return self._plan(worker, workers, "samples", tail, history)
@@ -388,10 +390,17 @@ class ShardedSource(ClientSource):
         return random.Random(seed)
 
     def __len__(self) -> int:
-        """Samples this rank yields per (whole) epoch (needs the shards' counts)."""
-        if self._counts is None:
+        """Samples this rank yields per (whole) epoch (needs the shards' counts).
+
+        With one int ``samples_per_shard``, until the last shard is counted (by this copy's
+        first iteration, or :meth:`count_samples`), an upper bound: the last shard taken as
+        full."""
+        counts = self._counts
+        if counts is None and self._at_most is not None:
+            counts = [self._at_most] * len(self._urls)
+        if counts is None:
             raise TypeError("len() of a ShardedSource needs samples_per_shard or count_samples()")
-        return per_rank(self._counts, resolve_ranks(self._rank, self._world)[1], self._tail)
+        return per_rank(counts, resolve_ranks(self._rank, self._world)[1], self._tail)
 
     def __aiter__(self) -> AsyncIterator[Any]:
         """This rank's samples; inside a worker of ``fetch_in_workers=True``, only the worker's
@@ -418,35 +427,50 @@ class ShardedSource(ClientSource):
                 slices, self.items, rng, self._buffer_size, self._concurrency, position
             )
 
-        if self._counts is None and (world > 1 or history):
+        if self._counts is None and (self._at_most is not None or world > 1 or history):
             return _AfterCounting(self.count_samples, stream)
         return stream()
 
     async def count_samples(self) -> list[int]:
         """The samples in each shard, counted by reading every shard through once (a tar
-        has no index), ``shard_concurrency`` at a time; kept, so this reads only once.
+        has no index), ``shard_concurrency`` at a time; kept, so this reads only once. With
+        one int ``samples_per_shard``, only the last shard is read (the others hold that
+        many).
 
         Splitting shards across ranks with equal sample counts needs them: without
         ``samples_per_shard``, each rank counts on its first iteration (in each worker, with
-        ``fetch_in_workers``), reading the data once more. Save what this returns and pass
-        it as ``samples_per_shard`` to skip that read.
+        ``fetch_in_workers``), reading the data once more; with one int, it reads the last
+        shard. Save what this returns and pass it as ``samples_per_shard`` to skip that read
+        (or call this before the loader starts its workers: their copies keep the counts).
+
+        Raises:
+            FetchError: A shard cannot be read, or holds more than one int
+                ``samples_per_shard`` says.
         """
         if self._counts is None:
-            limit = asyncio.Semaphore(self._concurrency)
-
-            async def count(shard: int) -> int:
-                async with limit:
-                    read = self.samples(Slice(shard, 0, None))
-                    async with contextlib.aclosing(read) as samples:
-                        return sum([1 async for _ in samples])
-
-            try:
-                async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(count(s)) for s in range(len(self._urls))]
-            except BaseExceptionGroup as group:
-                raise unwrap_group(group) from None
-            self._counts = [task.result() for task in tasks]
+            n, most = len(self._urls), self._at_most
+            if most is None:
+                self._counts = await self._count(range(n))
+            else:
+                self._counts = [most] * (n - 1) + await self._count([n - 1])
         return list(self._counts)
+
+    async def _count(self, shards: Sequence[int]) -> list[int]:
+        """The samples in each of ``shards``, read ``shard_concurrency`` at a time."""
+        limit = asyncio.Semaphore(self._concurrency)
+
+        async def count(shard: int) -> int:
+            async with limit:
+                read = self.samples(Slice(shard, 0, None))
+                async with contextlib.aclosing(read) as samples:
+                    return sum([1 async for _ in samples])
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(count(s)) for s in shards]
+        except BaseExceptionGroup as group:
+            raise unwrap_group(group) from None
+        return [task.result() for task in tasks]
 
     def __repr__(self) -> str:
         first = redact_url(self._urls[0])
@@ -460,7 +484,8 @@ class ShardedSource(ClientSource):
         pin: dict[str, Any] = {}
         offset, seen, key, fields = 0, 0, None, {}
         end = None if slc.take is None else slc.skip + slc.take
-        declared = None if self._counts is None else self._counts[slc.shard]
+        # The most it may hold: its count, else (the last shard, counted) one int's bound.
+        declared = self._at_most if self._counts is None else self._counts[slc.shard]
         while True:
             chunks = self._client.stream(url, offset, pin)
             try:
@@ -472,10 +497,7 @@ class ShardedSource(ClientSource):
                             yield {"__key__": key, "__url__": target, **fields}
                         seen, fields = seen + 1, {}
                         if seen == declared:  # a sample the count did not declare
-                            raise ValueError(
-                                f"the shard holds more than {declared} samples, which "
-                                "samples_per_shard says; the rest would be lost"
-                            )
+                            raise miscounted(slc.shard, declared, None)
                         if seen == end:
                             return
                     key, fields[ext] = name, member.data
@@ -485,9 +507,7 @@ class ShardedSource(ClientSource):
                         yield {"__key__": key, "__url__": target, **fields}
                     seen += 1
                 if end is not None and seen < end:
-                    raise ValueError(
-                        f"the shard holds {seen} samples, fewer than samples_per_shard says"
-                    )
+                    raise miscounted(slc.shard, declared, seen)
                 return
             except Exception as exc:
                 await attempts.failed(exc)

@@ -22,7 +22,8 @@ The same rule splits what an interrupted epoch had left (:mod:`._remainder`): a 
 *runs*, each a shard's remaining sample indices, laid end to end in the epoch's order.
 
 This needs the number of samples in each shard (``samples_per_shard``, or counted by reading
-the shards once); a single rank can do without (it reads every shard, whole).
+the shards once; one int counts every shard but the last, which is read to count it); a
+single rank can do without (it reads every shard, whole).
 """
 
 from __future__ import annotations
@@ -175,3 +176,44 @@ def parse_counts(samples_per_shard: int | Sequence[int] | None, n: int) -> list[
     if any(c < 1 for c in counts):
         raise ValueError("samples_per_shard must count at least 1 sample per shard")
     return counts
+
+
+#: How to give a shard set's counts, for the error about a shard that holds other than declared.
+COUNTS_FIX = (
+    "give each shard's count, in shard order (samples_per_shard=[1000, ..., 40]; one int "
+    "says that every shard holds that many and the last at most), or leave samples_per_shard "
+    "out and each rank counts them (count_samples() returns the counts to pass next time)"
+)
+
+
+def miscounted(shard: int, declared: int | None, seen: int | None) -> ValueError:
+    """The error for ``shard_urls[shard]`` holding ``seen`` samples (None: more) where
+    ``samples_per_shard`` declared ``declared`` (known wherever a slice has a length)."""
+    if seen is None:
+        what = f"holds more than {declared} samples (samples_per_shard); the rest would be lost"
+    else:
+        what = f"holds {seen} samples, fewer than samples_per_shard says ({declared})"
+    return ValueError(f"shard_urls[{shard}] {what}: {COUNTS_FIX}")
+
+
+def check_shuffle(shuffle_buffer: int, shard_concurrency: int, shuffle_initial: int | None) -> int:
+    """Checks the shuffle and concurrency options; returns ``shuffle_initial`` (its default
+    resolved)."""
+    for name, value in (
+        ("shuffle_buffer", shuffle_buffer),
+        ("shard_concurrency", shard_concurrency),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__qualname__}")
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+    if shuffle_initial is None:
+        shuffle_initial = min(100, shuffle_buffer)
+    if isinstance(shuffle_initial, bool) or not isinstance(shuffle_initial, int):
+        raise TypeError(f"shuffle_initial must be an int, got {type(shuffle_initial).__qualname__}")
+    if not 1 <= shuffle_initial <= shuffle_buffer:
+        raise ValueError(
+            f"shuffle_initial={shuffle_initial} must be between 1 and "
+            f"shuffle_buffer={shuffle_buffer}"
+        )
+    return shuffle_initial

@@ -80,12 +80,13 @@ def test_plan_covers_every_sample_once_for_any_world_size():
 def test_shard_order_depends_on_seed_and_epoch_only():
     """set_epoch changes the order; the same seed and epoch give the same order anywhere."""
     urls = [f"/nonexistent/{i}.tar" for i in range(20)]
-    a, b = make(urls, 1), make(urls, 1)
+    a, b = make(urls, [1] * 20), make(urls, [1] * 20)
     assert a.slices() == b.slices()
     first = a.slices()
     a.set_epoch(1)
     assert a.slices() != first and sorted(a.slices()) == sorted(first)
-    assert make(urls, 1, shuffle=False).slices() == [(i, 0, 1, None) for i in range(20)]
+    unshuffled = make(urls, [1] * 20, shuffle=False).slices()
+    assert unshuffled == [(i, 0, 1, None) for i in range(20)]
 
 
 def test_ranks_come_from_torch_distributed_when_initialised(monkeypatch):
@@ -93,10 +94,10 @@ def test_ranks_come_from_torch_distributed_when_initialised(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
-    source = make([f"/x/{i}.tar" for i in range(8)], 10)
+    source = make([f"/x/{i}.tar" for i in range(8)], [10] * 8)
     assert len(source) == 20
     pickled = pickle.dumps(source)
-    explicit = make([f"/x/{i}.tar" for i in range(8)], 10, rank=1, world_size=4)
+    explicit = make([f"/x/{i}.tar" for i in range(8)], [10] * 8, rank=1, world_size=4)
     assert source.slices() == explicit.slices()
     monkeypatch.undo()  # a worker's copy has no group to ask: it keeps the parent's place
     assert pickle.loads(pickled).slices() == explicit.slices()
@@ -118,7 +119,7 @@ def test_a_short_shard_is_retried_and_resumed_not_returned(http_server):
     shards = shard_set(1, 20)
     name = next(iter(shards))
     server = http_server(shards, Faults(script={name: ["short", "short"]}))
-    got = keys(AsyncLoader(make([server.url(name)], 20), collate_fn=list))
+    got = keys(AsyncLoader(make([server.url(name)], [20]), collate_fn=list))
     assert sorted(got) == all_keys([20])
     ranges = [r.range for r in server.requests]
     assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:])
@@ -129,8 +130,8 @@ def test_a_shard_with_fewer_samples_than_declared_raises(http_server):
     shards = shard_set(1, 5)
     server = http_server(shards)
     url = server.url(next(iter(shards)))
-    with pytest.raises(FetchError, match="holds 5 samples, fewer than samples_per_shard"):
-        keys(AsyncLoader(make([url], 6), collate_fn=list))
+    with pytest.raises(FetchError, match=r"holds 5 samples, fewer than samples_per_shard"):
+        keys(AsyncLoader(make([url], [6]), collate_fn=list))
 
 
 def test_a_shard_with_more_samples_than_declared_raises_instead_of_dropping(http_server):
