@@ -224,6 +224,13 @@ class Options:
         _set(epoch, num_workers=num_workers)
         return epoch
 
+    def with_worker_init_fn(self, fn: Callable[[int], None] | None) -> Options:
+        """These options with another ``worker_init_fn`` (DataLoader lets it be set)."""
+        check.check_callable("worker_init_fn", fn)
+        changed = copy.copy(self)
+        _set(changed, worker_init_fn=fn)
+        return changed
+
     @property
     def own_sampler(self) -> RankSampler | None:
         """The loader's own sampler of ``distributed=True`` (None with the user's)."""

@@ -338,7 +338,6 @@ class AsyncLoader(Generic[T_co]):
     pin_memory = property(lambda self: self._options.pin_memory)
     pin_memory_device = property(lambda self: self._options.pin_memory_device)
     timeout = property(lambda self: self._options.timeout)
-    worker_init_fn = property(lambda self: self._options.worker_init_fn)
     multiprocessing_context = property(lambda self: self._options.mp_context)
     persistent_workers = property(lambda self: self._options.persistent_workers)
     in_order = property(lambda self: self._options.in_order)
@@ -348,6 +347,16 @@ class AsyncLoader(Generic[T_co]):
     #: DataLoader's (private, but read by code written for DataLoader): samples are collated
     #: into batches by a batch sampler, as opposed to ``batch_size=None``.
     _auto_collation = property(lambda self: self._options.batch_sampler is not None)
+
+    @property
+    def worker_init_fn(self) -> Callable[[int], None] | None:
+        return self._options.worker_init_fn
+
+    @worker_init_fn.setter
+    def worker_init_fn(self, fn: Callable[[int], None] | None) -> None:
+        """Settable, as DataLoader's (Lightning's ``seed_everything(workers=True)`` sets it):
+        epochs begun afterwards call it; started persistent workers keep the one they ran."""
+        self._options = self._options.with_worker_init_fn(fn)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED:

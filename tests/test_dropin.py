@@ -217,6 +217,30 @@ def test_dataloader_attributes_are_readable():
     assert loader.persistent_workers is False and loader.multiprocessing_context is None
 
 
+def mark_init(worker_id):
+    import os
+
+    os.environ["ASYNCLOADER_TEST_SET_INIT"] = str(worker_id)
+
+
+def read_init(samples):
+    import os
+
+    return [os.environ.get("ASYNCLOADER_TEST_SET_INIT", "unset") for _ in samples]
+
+
+def test_worker_init_fn_can_be_set_after_construction_as_dataloaders():
+    """As DataLoader's (Lightning's seed_everything(workers=True) sets it): the next epoch's
+    workers call the one set; a wrong type raises as in the constructor."""
+    loader = AsyncLoader(SyncSource(4), batch_size=2, num_workers=2, collate_fn=read_init)
+    assert sorted(x for batch in loader for x in batch) == ["unset"] * 4
+    loader.worker_init_fn = mark_init
+    assert loader.worker_init_fn is mark_init
+    assert sorted(x for batch in loader for x in batch) in (["0", "0", "1", "1"], ["0"] * 4)
+    with pytest.raises(TypeError, match="worker_init_fn"):
+        loader.worker_init_fn = 3
+
+
 def test_loader_is_generic_over_its_samples():
     alias = AsyncLoader[int]
     assert typing.get_origin(alias) is AsyncLoader and typing.get_args(alias) == (int,)
