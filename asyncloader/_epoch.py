@@ -55,7 +55,7 @@ from asyncloader._progress import Progress
 from asyncloader._reorder import ReorderBuffer
 from asyncloader._seeding import Seeds, call_seeded
 from asyncloader._skip import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
-from asyncloader._start import EpochStart
+from asyncloader._start import EpochStart, SamplerCursor
 from asyncloader._stats import LoaderStats
 from asyncloader._streams import worker_stream_batches
 from asyncloader._threads import loader_threads, loop_registered, run_in_thread
@@ -186,6 +186,17 @@ class Epoch:
             return asyncio.get_running_loop() is not self.loop
         except RuntimeError:
             return True  # not on any loop
+
+    def took_every_batch(self) -> bool:
+        """The consumer received every batch of this map-style epoch, whether or not it went
+        on to see the end (a trainer that stops after ``len(loader)`` batches)."""
+        options = self._options
+        sampler = options.batch_sampler if options.batch_sampler is not None else options.sampler
+        try:
+            total = len(sampler)
+        except TypeError:
+            return False
+        return options.kind.is_map and self.progress.next_batch >= total
 
     def start(self) -> asyncio.Task[None]:
         """Starts the stage tasks on the running loop."""
@@ -342,6 +353,7 @@ class Epoch:
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(loop_registered(asyncio.get_running_loop()))
+            stack.callback(self._let_sampler_go)
             stack.callback(self.progress.source_opened)  # never opening: nobody waits
             try:
                 await self._flow(stack)
@@ -392,6 +404,13 @@ class Epoch:
             if self._fetcher is not None:
                 self._fetcher.close()
             self._buffer.finish(admitted)
+
+    def _let_sampler_go(self) -> None:
+        """At the end: frees the sampler's indices, unless the next epoch must first run it to
+        its end (see :class:`~asyncloader._start.SamplerCursor`)."""
+        cursor = self.start_info.index_iter
+        if isinstance(cursor, SamplerCursor) and not self.took_every_batch():
+            cursor.close()
 
     def _fail(self, exc: BaseException) -> None:
         self._buffer.fail(exc)

@@ -84,6 +84,12 @@ class Progress:
             return self._batches
 
     @property
+    def next_batch(self) -> int:
+        """The first batch (seq) the consumer has not received; all before it it has."""
+        with self._lock:
+            return self._cursor.next
+
+    @property
     def finished(self) -> bool:
         """The consumer saw the end of the epoch."""
         with self._lock:

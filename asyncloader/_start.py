@@ -1,15 +1,25 @@
 """The start of one epoch, decided on the consumer's thread when ``iter(loader)`` is called.
 
-Everything random about an epoch is drawn here, in DataLoader's order: the epoch's seed first,
-then the sampler's first indices. Doing it on the consumer's thread (not whenever the loop's
-thread gets to it) makes a seeded ``generator``, or torch's global RNG, give DataLoader's
-order. A resumed epoch restores the RNG state it began with, so its draws repeat.
+Everything random about an epoch is drawn here, in DataLoader's order: the epoch's seed first
+(:func:`start_epoch`), then, once the workers are forked, the sampler's first indices
+(:func:`with_sampler`; the workers do not inherit an epoch's index list, as under DataLoader).
+Doing it on the consumer's thread (not whenever the loop's thread gets to it) makes a seeded
+``generator``, or torch's global RNG, give DataLoader's order. A resumed epoch restores the
+RNG state it began with, so its draws repeat.
+
+The sampler's iterator is pulled through a :class:`SamplerCursor`. An epoch whose every batch
+the consumer took, but which was left without reaching the end (a trainer that stops after
+``len(loader)`` batches), is run to the sampler's end before the next epoch draws
+(:meth:`SamplerCursor.drain`): torch's ``RandomSampler`` draws once more from the generator
+at its end, and when that happens must not depend on how far the loop's thread got.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +49,8 @@ class EpochStart:
         number: The epoch's number (0 for the loader's first).
         seed: This epoch's seed: workers' base seed and per-sample seeds derive from it.
         rng: The RNG state the epoch's draws started from (kept for checkpoints).
-        index_iter: The (batch) sampler's iterator, already started (map-style sources).
+        index_iter: The (batch) sampler's iterator, already started (map-style sources), once
+            :func:`with_sampler` gave it.
         resume: Where a resumed epoch starts (``Resume()`` for a fresh one).
         source_iter: The iterator (or async iterator) of an iterable source, made by its
             ``__iter__`` (``__aiter__``) here, on the consumer's thread, as DataLoader does.
@@ -59,13 +70,16 @@ class EpochStart:
     number: int
     seed: int
     rng: tuple[str, torch.Tensor]
-    index_iter: Iterator[Any] | None
+    index_iter: SamplerCursor | None
     resume: Resume
     source_iter: Any = None
     claim: tuple[Claim, object] | None = None
     first_seq: int = 0
     source_state: tuple[int, Any] | None = None
     cuts: tuple[Cut, ...] = ()
+    #: The RNG state the sampler draws from when the epoch replays torch's global one
+    #: (``"global"``, mid-epoch resume): the state after the seed's draw.
+    sampler_rng: tuple[str, torch.Tensor] | None = None
 
 
 def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> EpochStart:
@@ -90,16 +104,18 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
         options.dataset.load_state_dict(saved["dataset"])
     if options.distributed and not mid_epoch:
         tell_epoch(options, number, cuts)
-    with _rng_replayed(generator, decode_rng(state["rng"]) if state else None):
+    replayed = decode_rng(state["rng"]) if state else None
+    with _rng_replayed(generator, replayed):
         rng = capture_rng(generator)
         seed = draw_seed(generator)  # before the sampler draws, as DataLoader does
-        index_iter = start_sampler(options) if options.kind.is_map else None
+        after = ("global", torch.get_rng_state()) if replayed and replayed[0] == "global" else None
     source_iter, claim, first_seq, kept = _start_source(options, resume)
     return EpochStart(
         number=number,
         seed=seed,
         rng=rng,
-        index_iter=index_iter,
+        index_iter=None,
+        sampler_rng=after,
         resume=resume,
         source_iter=source_iter,
         claim=claim,
@@ -107,6 +123,54 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
         source_state=kept,
         cuts=cuts,
     )
+
+
+def with_sampler(options: Options, start: EpochStart) -> EpochStart:
+    """``start`` with its (batch) sampler started (map-style sources): the first indices are
+    drawn now, from the RNG state the seed's draw left."""
+    if not options.kind.is_map:
+        return start
+    with _rng_replayed(options.generator, start.sampler_rng):
+        cursor = SamplerCursor(start_sampler(options))
+    return dataclasses.replace(start, index_iter=cursor)
+
+
+class SamplerCursor:
+    """An epoch's (batch) sampler iterator, pulled under a lock by the loop's thread and
+    finished by the consumer's (:meth:`drain`), or let go (:meth:`close`); either way its
+    indices are released once it is done."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self._iterator: Iterator[Any] | None = iterator
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> SamplerCursor:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._iterator is None:
+                raise StopIteration
+            try:
+                return next(self._iterator)
+            except StopIteration:
+                self._iterator = None
+                raise
+
+    def drain(self) -> None:
+        """Runs the sampler to its end (its last draws included) unless it got there or was
+        let go; errors are the epoch's, already reported or never to be."""
+        with self._lock:
+            iterator, self._iterator = self._iterator, None
+            if iterator is not None:
+                with contextlib.suppress(Exception):
+                    for _ in iterator:
+                        pass
+
+    def close(self) -> None:
+        """Lets the sampler go where it stands (its indices are freed)."""
+        with self._lock:
+            self._iterator = None
 
 
 def tell_rank(options: Options) -> None:

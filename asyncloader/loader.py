@@ -24,7 +24,7 @@ from asyncloader._meter import now
 from asyncloader._options import Options
 from asyncloader._report import Diagnosis, diagnose, render
 from asyncloader._skip import SKIP_LOG_LENGTH
-from asyncloader._start import capture_rng, start_epoch, tell_rank
+from asyncloader._start import capture_rng, start_epoch, tell_rank, with_sampler
 from asyncloader._state import (
     STATE_VERSION,
     check_state,
@@ -440,6 +440,9 @@ class AsyncLoader(Generic[T_co]):
     def _new_epoch(self) -> Epoch:
         """Starts the next epoch (or the resumed one) on the consumer's thread."""
         keep_torch_threads()  # on the consumer's thread, before the epoch starts any thread
+        last = self._last
+        if last is not None and last.took_every_batch():
+            last.start_info.index_iter.drain()  # its last draws, before this epoch's
         resume, self._resume = self._resume, None
         options = self._next_epoch_options()
         start = start_epoch(options, self._epoch + 1, resume)
@@ -447,6 +450,7 @@ class AsyncLoader(Generic[T_co]):
         if start.source_iter is not None:
             self._dataset_keeps_state = start.source_iter is not options.dataset
         lease = self._workers.lease(start.seed, options)
+        start = with_sampler(options, start)  # after the fork: workers get no index list
         if self._last is not None:
             self._previous = self._last.stats
         self._last = Epoch(

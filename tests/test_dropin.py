@@ -366,3 +366,26 @@ def test_an_iterators_workers_are_its_epochs_worker_processes(kw):
 
 def test_an_iterator_without_worker_processes_has_none():
     assert iter(AsyncLoader(SyncSource(4)))._workers == []
+
+
+def next_epoch_first(cls, num_workers):
+    """The first batch of the epoch after one left after len(loader) batches, unended."""
+    loader = cls(list(range(96)), batch_size=8, shuffle=True, num_workers=num_workers,
+                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    it = iter(loader)
+    for _ in range(len(loader)):
+        next(it)
+    return next(iter(loader)).tolist()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_next_epoch_after_len_batches_without_the_end_is_always_the_same(num_workers):
+    """A trainer that stops after len(loader) batches (Lightning, the HF Trainer) never sees
+    the end: the next epoch's order is the same every time (RandomSampler draws once more at
+    its end, which must not depend on how far the loader's thread got), and with workers it
+    is DataLoader's, whose workers' prefetch reached the end (without workers DataLoader's
+    sampler never gets there; asyncloader's prefetch always does)."""
+    got = [next_epoch_first(AsyncLoader, num_workers) for _ in range(8)]
+    assert got == [got[0]] * 8
+    if num_workers:
+        assert got[0] == next_epoch_first(torch.utils.data.DataLoader, num_workers)

@@ -376,3 +376,30 @@ def test_garbage_of_the_training_process_collected_in_a_worker_does_not_hang_it(
         gc.enable()
         gc.collect()
         first.close()
+
+
+class IndexLists(torch.utils.data.Dataset):
+    """Item i: how many lists of the epoch's length this process holds (a worker that
+    inherited the sampler's index list holds one)."""
+
+    n = 20_000
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return sum(type(o) is list and len(o) == self.n for o in gc.get_objects())
+
+
+def test_workers_inherit_no_index_list_and_an_ended_epoch_keeps_none():
+    """As under DataLoader the sampler draws after the workers fork, so they do not inherit
+    the epoch's shuffled index list; and a closed epoch lets its list go."""
+    loader = AsyncLoader(IndexLists(), batch_size=4, shuffle=True, num_workers=2,
+                         persistent_workers=False)  # fmt: skip
+    it = iter(loader)
+    assert next(it).tolist() == [0, 0, 0, 0]
+    it.close()
+    del it
+    gc.collect()
+    assert sum(type(o) is list and len(o) == IndexLists.n for o in gc.get_objects()) == 0
+    loader.close()
