@@ -37,10 +37,14 @@ gc.callbacks.append(_track_collection)
 
 
 def unsafe_to_wait() -> bool:
-    """A finalizer runs inside a garbage collection that may have started at an allocation
-    under the lock every thread pool's submit takes (``ThreadPoolExecutor.submit`` allocates
-    its Future there): waiting now for a thread that submits would deadlock. An explicit
-    ``gc.collect()`` (the lock free) may wait."""
+    """A finalizer may not wait for asyncloader's threads now: event loops are parked for a
+    fork (:func:`loops_parked`; a finalizer that a fork hook or the fork's allocations run
+    would wait for a loop that waits for the fork), or it runs inside a garbage collection
+    that may have started at an allocation under the lock every thread pool's submit takes
+    (``ThreadPoolExecutor.submit`` allocates its Future there), where waiting for a thread
+    that submits would deadlock. An explicit ``gc.collect()`` (the lock free) may wait."""
+    if _parked:
+        return True
     return getattr(_gc_state, "active", False) and thread_pools_locked()
 
 
@@ -48,6 +52,7 @@ def unsafe_to_wait() -> bool:
 #: epoch runs on it) -> how many of asyncloader's users they have.
 _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
 _loops_lock = threading.Lock()
+_parked = 0  # loops_parked() blocks under way
 #: How long :func:`loops_parked` waits for a loop to reach its park (a loop never blocks
 #: this long unless a callback of someone else's does).
 PARK_S = 5.0
@@ -83,13 +88,16 @@ def loops_parked(timeout: float = PARK_S) -> Iterator[None]:
     For forking: a child process inherits every lock as it was, and one held by another
     thread at that moment stays held in the child for ever. A loop that does not reach its
     park within ``timeout`` (a callback of someone else's blocks it) is not waited for.
+    Meanwhile finalizers do not wait for asyncloader's threads (:func:`unsafe_to_wait`).
     """
+    global _parked
     try:
         own = asyncio.get_running_loop()
     except RuntimeError:
         own = None
     with _loops_lock:
         loops = [loop for loop in _loops if loop is not own and loop.is_running()]
+        _parked += 1
     resume = threading.Event()
     arrivals = []
     for loop in loops:
@@ -104,6 +112,8 @@ def loops_parked(timeout: float = PARK_S) -> Iterator[None]:
         yield
     finally:
         resume.set()
+        with _loops_lock:
+            _parked -= 1
 
 
 def finalize_here(obj: object, fn: Callable[..., Any], *args: Any) -> weakref.finalize:
