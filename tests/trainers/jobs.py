@@ -1,0 +1,104 @@
+"""Trainer jobs run in fresh interpreters, one process group each.
+
+The trainers set process-wide state (seeds, signal handlers, logging, warning filters, the
+accelerate state singleton) and import libraries the rest of the suite should not have loaded
+(pyarrow's threads among them), so every job is a script of ``tests/trainers/scripts`` started
+with this interpreter. A job writes what it saw as JSON; the tests compare. On the way out the
+job's whole process group is killed and every process that carries the job's marker (its
+workers, whoever reaps them) must have exited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.helpers.processes import Exits
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Nothing may be fetched from a hub; these make the Hugging Face libraries fail fast instead.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """Processes whose environment carries ``marker`` (a job's, inherited by all it starts)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            if proc.environ().get("ASYNCLOADER_TRAINER_JOB") == marker:
+                found.append(proc)
+    return found
+
+
+def run_job(command: list[str], tmp_path: Path, *, timeout: float = 90, returncode: int = 0) -> str:
+    """Runs ``command`` (after this interpreter) from the repository root, offline, in a
+    session of its own; returns its output once it exited with ``returncode`` and every
+    process it started is gone."""
+    marker = uuid.uuid4().hex
+    env = {**os.environ, **OFFLINE, "ASYNCLOADER_TRAINER_JOB": marker, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["HF_HOME"] = str(tmp_path / "hf_home")
+    proc = subprocess.Popen(
+        [sys.executable, *command], cwd=ROOT, env=env, start_new_session=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    left = marked(marker)
+    exits = Exits(left)
+    try:
+        assert not exits.wait(15), f"processes of the job outlived it: {left}"
+    finally:
+        exits.close()
+    assert proc.returncode == returncode, f"exit code {proc.returncode}; output:\n{out[-6000:]}"
+    return out
+
+
+def script_result(tmp_path: Path) -> Path:
+    """A new file name under ``tmp_path`` for a job's result."""
+    return tmp_path / f"result-{uuid.uuid4().hex[:8]}.json"
+
+
+def run_script(
+    name: str, plan: Any, tmp_path: Path, *, timeout: float = 90, returncode: int = 0
+) -> Any:
+    """Runs ``tests/trainers/scripts/NAME.py PLAN OUT`` (``plan`` as JSON); returns what the
+    script wrote to ``OUT``."""
+    out = script_result(tmp_path)
+    script = f"tests.trainers.scripts.{name}"
+    run_job(["-m", script, json.dumps(plan), str(out)], tmp_path, timeout=timeout,
+            returncode=returncode)  # fmt: skip
+    return json.loads(out.read_text()) if returncode == 0 else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(ranks: int, name: str, plan: Any, tmp_path: Path, *, timeout: float = 90) -> list:
+    """Runs ``tests/trainers/scripts/NAME.py PLAN OUT`` at ``ranks`` ranks under torchrun
+    (gloo, CPU, 127.0.0.1); returns each rank's ``OUT.<rank>``, in rank order."""
+    out = script_result(tmp_path)
+    command = [
+        "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--max_restarts=0",
+        "-m", f"tests.trainers.scripts.{name}", json.dumps(plan), str(out),
+    ]  # fmt: skip
+    run_job(command, tmp_path, timeout=timeout)
+    return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(ranks)]
