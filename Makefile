@@ -26,7 +26,7 @@ test: $(VENV)/.dev-installed
 	$(PY) -m pytest -q
 
 # PyTorch's and torchdata's own DataLoader tests (tests/compat) against DataLoader and
-# StatefulDataLoader themselves: which of them pass here at all (README, Compatibility).
+# StatefulDataLoader themselves: which of them pass here at all (docs/compatibility.md).
 compat-baseline: $(VENV)/.dev-installed
 	ASYNCLOADER_COMPAT_TARGET=upstream $(PY) -m pytest -q tests/compat
 
@@ -35,8 +35,8 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
 
 # The side-by-side benchmark of DataLoader, torchdata.nodes, spdl and asyncloader (~20 min on
-# 2 cores): the summary in benchmarks/results/ (committed) and README's Benchmarks section, each
-# run's JSON in benchmarks/results/runs/ (not committed). See docs/benchmarks.md.
+# 2 cores): the summary in benchmarks/results/ (committed) and docs/benchmarks.md's latest run,
+# each run's JSON in benchmarks/results/runs/ (not committed). See docs/benchmarks.md.
 bench: $(VENV)/.bench-installed
 	$(PY) -m benchmarks.bench
 

@@ -47,8 +47,12 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
-import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+
+try:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+except ImportError as exc:
+    raise ImportError("asyncloader.ray needs Ray: pip install 'asyncloader[ray]'") from exc
 
 from asyncloader._actor_sockets import (
     ACCEPT_TIMEOUT_S,

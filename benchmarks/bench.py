@@ -13,7 +13,8 @@ a quick run writes both under ``results/quick/`` (ignored too). ``summary.json``
 probes' summaries (:mod:`benchmarks.summaries`), which a run keeps.
 
 ``python -m benchmarks.bench [--quick] [--reps N] [--only WORKLOAD ...] [--out DIR]``;
-``--report-only`` rewrites the table, plot and README from an existing ``summary.json``.
+``--report-only`` rewrites the table, plot and docs/benchmarks.md's latest run from an existing
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -113,12 +114,12 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="WORKLOAD", help="run only these")
     parser.add_argument("--out", type=Path, help="results folder (default: results/ or quick/)")
     parser.add_argument(
-        "--no-readme", action="store_true", help="do not update README's Benchmarks section"
+        "--no-readme", action="store_true", help="do not update docs/benchmarks.md's latest run"
     )
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="rewrite the table, plot and README from the folder's summary.json; run nothing",
+        help="rewrite the table, plot and latest run from the folder's summary.json; run nothing",
     )
     args = parser.parse_args()
     reps = args.reps or (1 if args.quick else plan.FULL_REPS)
@@ -184,14 +185,14 @@ def run_all(cases: list[plan.Case], port: int | None, runs_dir: Path) -> list[di
 
 
 def publish(summary: dict, out: Path, readme: bool) -> None:
-    """Writes the Markdown tables and the plot of ``summary``, and README's Benchmarks section
-    (the targets table; the table of all runs is in ``results.md``)."""
+    """Writes the Markdown tables and the plot of ``summary``, and the latest run in
+    docs/benchmarks.md (the targets table; the table of all runs is in ``results.md``)."""
     markdown = report.markdown(summary)
     (out / "results.md").write_text(markdown)
     plot.plot(summary, out / "results.png")
     if readme:
-        readme_path = Path(__file__).resolve().parent.parent / "README.md"
-        plot.update_readme(readme_path, report.markdown(summary, all_runs=False))
+        page = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+        plot.update_latest(page, report.markdown(summary, all_runs=False), out)
     print(markdown)
     print(f"\nwritten: {out}/results.md, results.png, summary.json")
 

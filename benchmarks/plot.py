@@ -1,7 +1,9 @@
-"""The PNG plot of a benchmark summary, and the README section that shows the latest one."""
+"""The PNG plot of a benchmark summary, and the section of docs/benchmarks.md that shows the
+latest one."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +11,8 @@ from benchmarks.loaders import LOADERS
 from benchmarks.report import best_row, fmt
 from benchmarks.workloads import LATENCY_S, WORKLOADS
 
-README_BEGIN = "<!-- bench:begin (written by `make bench`) -->"
-README_END = "<!-- bench:end -->"
+LATEST_BEGIN = "<!-- bench:begin (written by `make bench`) -->"
+LATEST_END = "<!-- bench:end -->"
 
 COLORS = {
     "DataLoader": "#d62728",
@@ -106,16 +108,17 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def update_readme(readme: Path, table: str) -> None:
-    """Replaces the Benchmarks section's results between the markers with ``table``, a link to
-    the table of all runs and the plot."""
-    text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
+def update_latest(page: Path, table: str, results: Path) -> None:
+    """Replaces what ``page`` holds between the markers with ``table``, a link to the table of
+    all runs and the plot (both in ``results``, linked relative to ``page``)."""
+    text = page.read_text()
+    if LATEST_BEGIN not in text or LATEST_END not in text:
         return
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
+    head, rest = text.split(LATEST_BEGIN, 1)
+    _, tail = rest.split(LATEST_END, 1)
+    link = Path(os.path.relpath(results, page.parent)).as_posix()
     body = (
-        f"{README_BEGIN}\n{table}\nAll runs: [benchmarks/results/results.md]"
-        "(benchmarks/results/results.md).\n\n![benchmark plot](benchmarks/results/results.png)\n"
+        f"{LATEST_BEGIN}\n{table}\nAll runs: [benchmarks/results/results.md]"
+        f"({link}/results.md).\n\n![benchmark plot]({link}/results.png)\n"
     )
-    readme.write_text(head + body + README_END + tail)
+    page.write_text(head + body + LATEST_END + tail)

@@ -97,7 +97,10 @@ class StoreClient:
         try:
             cls = fsspec.get_filesystem_class(protocol)
         except ImportError as exc:
-            raise ImportError(f"{protocol}:// needs its fsspec implementation: {exc}") from exc
+            extra = " (pip install 'asyncloader[remote]')" if protocol in ("s3", "s3a") else ""
+            raise ImportError(
+                f"{protocol}:// needs its fsspec implementation{extra}: {exc}"
+            ) from exc
         if not getattr(cls, "async_impl", False):
             raise ValueError(
                 f"{protocol}:// has no async fsspec filesystem; use FileSource for local files"

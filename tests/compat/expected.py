@@ -2,7 +2,7 @@
 
 EXPECTED_FAILURES: pass with DataLoader / StatefulDataLoader, fail with AsyncLoader; marked
 ``xfail(strict=True)`` when ASYNCLOADER_COMPAT_TARGET=asyncloader, so a fix shows up as an
-XPASS, which fails the run until its entry is removed. README's Compatibility section repeats
+XPASS, which fails the run until its entry is removed. docs/compatibility.md repeats
 these reasons.
 
 PARTLY_FAILING: ``xfail(strict=False)``, for tests made of subtests of which only some fail
@@ -16,7 +16,7 @@ FAILS_WITH_DATALOADER: fail on the baseline too (in this environment); skipped o
 _DL = "test_dataloader.py::"
 _SD = "test_state_dict.py::"
 
-#: The reasons, each a documented difference (README, "Compatibility").
+#: The reasons, each a documented difference (docs/compatibility.md).
 PRIVATE = "reads DataLoader's private attributes ({})"
 PREFETCHED_GETITEM = (
     "num_workers=0: __getitem__ runs ahead of the consumer in a loader thread, so its draws "

@@ -8,7 +8,7 @@ StatefulDataLoader (the baseline).
 
 AsyncLoader takes DataLoader's and StatefulDataLoader's signatures. One argument is added: an
 ``IterableDataset`` with workers gets ``fetch_in_workers=True``, DataLoader's placement for it
-(each worker iterates its own copy), which AsyncLoader keeps opt-in (README, Compatibility).
+(each worker iterates its own copy), which AsyncLoader keeps opt-in (docs/compatibility.md).
 """
 
 from __future__ import annotations
