@@ -7,6 +7,8 @@ benchmarks.probes.NAME``; ``--help`` says what it measures.
 - ``exit_time``: exit after a raise with a live iterator, and workers' exit after a SIGKILL.
 - ``gpu_copy``: host-to-GPU copy, pageable against pinned against asyncloader's device thread.
 - ``http_scaling``: ``HTTPSource``'s items/s against ``io_concurrency`` behind the 20 ms server.
+- ``inmemory``: a 1 GiB array and 1M dicts held by the dataset, forked workers, against
+  DataLoader: first batch of epochs 1 and 2, peak PSS of the process tree.
 - ``io_ceiling``: a bare uvloop program on the io workload, the ceiling asyncloader is held to.
 - ``process_split``: one epoch's CPU and page faults, main process against each worker.
 - ``repeatable_draws``: random augmentations run after run, across worker counts and resume.
