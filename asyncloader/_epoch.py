@@ -47,6 +47,7 @@ from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._failure import Failure, unwrap_group
 from asyncloader._fetch import Fetcher, fetch_then_run
+from asyncloader._getitems import BatchFetcher
 from asyncloader._length import LengthCheck, ReportedLength
 from asyncloader._meter import EpochMeter, now
 from asyncloader._options import Options
@@ -134,7 +135,7 @@ class Epoch:
         if self._prefetcher is not None:
             self._prefetcher.restart(options.num_workers)
         self.prefetch = self._prefetcher.prefetch if self._prefetcher else options.prefetch
-        self._fetcher: Fetcher | None = None
+        self._fetcher: Fetcher | BatchFetcher | None = None
         self._transformer: Transformer | None = None
         self._window = Window(self._window_size())
         self._buffer = ReorderBuffer(options.in_order, start.resume.start, start.resume.skip)
@@ -442,16 +443,20 @@ class Epoch:
             self._transformer.resize(self._options.engine_window_for(self.prefetch))
 
     def _open_fetch_needed(self) -> bool:
-        """Samples are fetched on this loop (see :meth:`_open_fetch`)."""
+        """Samples are fetched on this loop one by one (see :meth:`_open_fetch`)."""
         options = self._options
-        return not options.workers_fetch and options.kind in (SourceKind.ASYNC_MAP, SourceKind.MAP)
+        if options.workers_fetch or options.batch_fetch:
+            return False
+        return options.kind in (SourceKind.ASYNC_MAP, SourceKind.MAP)
 
     def _open_fetch(
         self, stack: contextlib.AsyncExitStack
     ) -> Callable[[Any], Awaitable[Any]] | None:
-        """How the loop fetches one sample, or ``None`` where the engine fetches them."""
+        """How the loop fetches one sample, or ``None`` where the engine fetches them, or
+        where a :class:`BatchFetcher` fetches each batch in one ``__getitems__`` call (for a
+        user's executor, which transforms and collates them)."""
         options = self._options
-        if options.workers_fetch:
+        if options.engine_fetches:
             return None
         if options.kind is SourceKind.ASYNC_MAP:
             return options.dataset.__getitem__
@@ -459,6 +464,12 @@ class Epoch:
             return None
         threads = loader_threads(options.fetch_concurrency, "asyncloader-fetch")
         _shut_down_with(stack, threads)
+        if options.batch_fetch:
+            skip, aligned = options.on_error == "skip", options.transform is not None
+            self._fetcher = BatchFetcher(
+                options.dataset, threads, options.fetch_concurrency, skip, aligned, self.meter
+            )
+            return None
         loop, seed, getitem = (
             asyncio.get_running_loop(),
             self._seeds.sample_seeds,
@@ -487,8 +498,10 @@ class Epoch:
             engine = await stack.enter_async_context(self._lease)
         elif options.executor is not None:
             engine = ExecutorEngine(options.executor, plan)
-        else:
-            engine = ExecutorEngine(loader_threads(1, "asyncloader-transform"), plan, owned=True)
+        else:  # the loader's threads; whole batches in the fetch threads (engine_fetches)
+            name = "asyncloader-fetch" if options.engine_fetches else "asyncloader-transform"
+            threads = loader_threads(options.engine_width, name)
+            engine = ExecutorEngine(threads, plan, owned=True)
             stack.push_async_callback(run_in_thread, engine.shutdown, "asyncloader-reaper")
             inline = inline_plan(plan, seeds)
         self._transformer = Transformer(

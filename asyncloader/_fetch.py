@@ -22,13 +22,16 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncloader._autotune import FetchTuner
 from asyncloader._failure import Failure
 from asyncloader._meter import EpochMeter, now
 from asyncloader._skip import Skip, Trimmed
 from asyncloader.errors import AsyncLoaderError
+
+if TYPE_CHECKING:
+    from asyncloader._getitems import BatchFetcher
 
 Spawn = Callable[..., "asyncio.Task[None]"]
 
@@ -234,14 +237,15 @@ class Fetcher:
 
 
 async def fetch_then_run(
-    fetcher: Fetcher | None,
+    fetcher: Fetcher | BatchFetcher | None,
     run: Callable[[int, Sequence[Any], list[Any] | None], Awaitable[Any]],
     seq: int,
     indices: Sequence[Any],
     samples: list[Any] | None,
 ) -> Any:
-    """Batch ``seq`` through both halves: its samples from ``fetcher`` (unless given, or the
-    engine fetches them), then ``run(seq, indices, samples)`` (transform and collate).
+    """Batch ``seq`` through both halves: its samples from ``fetcher`` (per sample, or one
+    ``__getitems__`` call for a :class:`~asyncloader._getitems.BatchFetcher`; unless given, or
+    the engine fetches them), then ``run(seq, indices, samples)`` (transform and collate).
 
     Returns the batch, its Failure, or under ``on_error="skip"`` a Trimmed that gathers the
     samples both halves left out. A batch whose samples were all left out is not run.

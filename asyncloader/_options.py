@@ -29,6 +29,7 @@ from asyncloader import _validate as check
 from asyncloader._autosize import PREFETCH_CAP, PREFETCH_START, start_workers
 from asyncloader._autotune import CAP as AUTO_CAP
 from asyncloader._autotune import DEFAULT_BUDGET
+from asyncloader._getitems import has_getitems
 from asyncloader._rank_sampler import TAILS, RankSampler
 from asyncloader.sources import SourceKind, source_kind
 from asyncloader.sources._shardplan import resolve_ranks
@@ -101,6 +102,9 @@ class Options:
     auto_workers: bool = field(init=False, default=False)
     #: prefetch="auto": prefetch moves within the epoch, up to PREFETCH_CAP (the window's bound).
     auto_prefetch: bool = field(init=False, default=False)
+    #: A sync map-style source with ``__getitems__``, batched, without seed_per_sample: one
+    #: call fetches each batch, as under DataLoader (asyncloader._getitems).
+    batch_fetch: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         kind = source_kind(self.dataset)
@@ -166,6 +170,14 @@ class Options:
             "seed_per_sample",
         ):
             _set(self, **{name: bool(getattr(self, name))})
+        _set(self, batch_fetch=self._fetches_batches())
+
+    def _fetches_batches(self) -> bool:
+        """:attr:`batch_fetch`: DataLoader's rule (a ``__getitems__`` and automatic batching),
+        for a sync map-style source, unless every sample is seeded on its own."""
+        if self.kind is not SourceKind.MAP or not self.batched or self.seed_per_sample:
+            return False
+        return has_getitems(self.dataset)
 
     def _resolve_ranks(self, kind: SourceKind) -> None:
         """Checks the multi-rank options. Rank and world size not given are torch.distributed's
@@ -247,6 +259,26 @@ class Options:
         return self.fetch_in_workers or (self.kind is SourceKind.MAP and self.num_workers > 0)
 
     @property
+    def engine_fetches(self) -> bool:
+        """The engine calls the dataset itself (its plan holds it): the workers
+        (:attr:`workers_fetch`), or without workers the loader's ``fetch_threads`` for a
+        :attr:`batch_fetch` source, each making whole batches (``__getitems__``, transform,
+        collate) as a worker does. Not into a user's ``executor``, where the dataset would
+        travel with every batch: its calls then stay in this process's fetch threads."""
+        if self.workers_fetch:
+            return True
+        return self.batch_fetch and self.num_workers == 0 and self.executor is None
+
+    @property
+    def engine_width(self) -> int:
+        """Batches the engine makes at once: one per worker; without workers one (the
+        ``asyncloader-transform`` thread, or a user's executor), or ``fetch_threads`` when
+        those threads make whole batches (:attr:`engine_fetches`)."""
+        if self.num_workers:
+            return self.num_workers
+        return self.fetch_threads if self.engine_fetches else 1
+
+    @property
     def worker_streams(self) -> bool:
         """Each worker iterates its own copy of an iterable source (``fetch_in_workers``)."""
         return self.fetch_in_workers and not self.kind.is_map
@@ -255,7 +287,8 @@ class Options:
     def fetch_concurrency(self) -> int:
         """Samples at most being fetched at once (across the workers with
         ``fetch_in_workers``): a sync ``__getitem__`` runs in ``fetch_threads`` threads (one
-        call at a time by default) of this process, or of each worker."""
+        call at a time by default) of this process, or of each worker. With
+        :attr:`batch_fetch`, calls at once, each a whole batch."""
         if self.kind is SourceKind.MAP:
             threads = self.fetch_threads * (self.num_workers if self.fetch_in_workers else 1)
             return min(self.io_concurrency, threads)
@@ -268,12 +301,12 @@ class Options:
 
     @property
     def transform_window(self) -> int:
-        """Batches at most in the executor at once for transform: ``prefetch`` per worker (at
-        its bound)."""
+        """Batches at most in the executor at once for transform: ``prefetch`` per worker (per
+        thread of :attr:`engine_width`; at its bound)."""
         return self.transform_window_for(self.prefetch_bound)
 
     def transform_window_for(self, prefetch: int) -> int:
-        return prefetch * max(1, self.num_workers)
+        return prefetch * self.engine_width
 
     @property
     def fetch_window(self) -> int:
@@ -283,10 +316,12 @@ class Options:
 
     def fetch_window_for(self, fetching: int) -> int:
         """The fetch window that keeps ``fetching`` samples busy."""
-        if self.worker_streams or (self.workers_fetch and not self.fetch_in_workers):
+        if self.worker_streams or (self.engine_fetches and not self.fetch_in_workers):
             return 0
         if not self.kind.is_map:
             return 1
+        if self.batch_fetch:  # one call per batch
+            return fetching
         per_batch = self.batch_size or 1
         if self.batch_sampler is not None and self.batch_size is None:
             per_batch = getattr(self.batch_sampler, "batch_size", None) or 1
@@ -327,8 +362,9 @@ class Options:
     @property
     def fetch_room(self) -> int:
         """Samples the window makes room for at most: the fetch concurrency, twice it under
-        ``io_concurrency="auto"`` (a fetch held back by its limit has samples queued)."""
-        return self.fetch_concurrency * (2 if self.auto_io else 1)
+        ``io_concurrency="auto"`` (a fetch held back by its limit has samples queued; no
+        limit moves with :attr:`batch_fetch`)."""
+        return self.fetch_concurrency * (2 if self.auto_io and not self.batch_fetch else 1)
 
     def window_for(self, fetching: int, prefetch: int) -> int:
         """The window that keeps ``fetching`` samples busy with ``prefetch`` batches per

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncloader._failure import Failure
+from asyncloader._getitems import getitems, getitems_skipping
 from asyncloader._seeding import Seeds, call_seeded
 from asyncloader._skip import Skip, Trimmed
 from asyncloader._transport import by_value, to_shared
@@ -42,6 +43,8 @@ class BatchPlan:
         batched: ``False`` for ``batch_size=None``: each batch is a single sample.
         skip: ``on_error="skip"``: a sample whose fetch or transform raises is left out of its
             batch (see :func:`run_skipping`).
+        getitems: The dataset's ``__getitems__`` fetches each batch in one call
+            (:mod:`asyncloader._getitems`).
     """
 
     dataset: Any
@@ -49,16 +52,18 @@ class BatchPlan:
     collate: Callable[[Any], Any]
     batched: bool
     skip: bool = False
+    getitems: bool = False
 
     @classmethod
     def of(cls, options: Options) -> BatchPlan:
         """What the executor does to each batch of a loader with ``options``."""
         return cls(
-            dataset=options.dataset if options.workers_fetch else None,
+            dataset=options.dataset if options.engine_fetches else None,
             transform=options.transform,
             collate=options.collate,
             batched=options.batched,
             skip=options.on_error == "skip",
+            getitems=options.batch_fetch,
         )
 
     def sent(self, worker_init_fn: Any) -> dict[str, Any]:
@@ -89,7 +94,8 @@ def run_batch(
     samples: list[Any] | None,
     seeds: Seeds | None = None,
 ) -> Any:
-    """Fetches (when ``samples`` is None), transforms and collates one batch.
+    """Fetches (when ``samples`` is None: one ``__getitems__`` call with ``plan.getitems``,
+    else ``__getitem__`` per index), transforms and collates one batch.
 
     Args:
         plan: What to do, or ``None`` in a worker that holds its plan already.
@@ -119,7 +125,9 @@ def run_batch(
             mark_running(-1)
     stage, index = "fetch", None
     try:
-        if samples is None:
+        if samples is None and plan.getitems:
+            samples = getitems(plan.dataset, indices, plan.transform is not None)
+        elif samples is None:
             samples = []
             getitem = plan.dataset.__getitem__
             for index in indices:
@@ -150,7 +158,9 @@ def run_skipping(
     epoch_seed: int | None,
 ) -> Any:
     """:func:`run_batch` under ``on_error="skip"``: a sample whose ``__getitem__`` or
-    ``transform`` raises an ``Exception`` is left out; collate errors fail the batch.
+    ``transform`` raises an ``Exception`` is left out; collate errors fail the batch (and a
+    ``__getitems__`` error that no sample's ``__getitem__`` repeats: see
+    :func:`~asyncloader._getitems.getitems_skipping`).
 
     Returns:
         The batch when no sample was left out; else a :class:`Trimmed` around the batch of the
@@ -159,7 +169,12 @@ def run_skipping(
     """
     skips: list[Skip] = []
     kept: list[Any] = []
-    if samples is None:
+    if samples is None and plan.getitems:
+        try:
+            kept, skips = getitems_skipping(plan.dataset, seq, indices)
+        except Exception as exc:
+            return Failure.capture(exc, "fetch", seq, indices)
+    elif samples is None:
         getitem = plan.dataset.__getitem__
         for index in indices:
             try:

@@ -29,6 +29,7 @@ from asyncloader._autotune import FetchTuner
 from asyncloader._batches import sync_stream, take_async, take_sync
 from asyncloader._failure import Failure
 from asyncloader._fetch import Fetcher, fetch_then_run
+from asyncloader._getitems import BatchFetcher
 from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._seeding import Seeds, call_seeded, seed_stream
 from asyncloader._state import source_state
@@ -139,17 +140,22 @@ class WorkerCore:
         elif config.kind is SourceKind.MAP and config.fetch_threads > 1:
             self._fetch_pool = loader_threads(config.fetch_threads, "asyncloader-fetch")
             get = self._get_in_thread
-        # Without a fetcher a sync __getitem__ runs on the compute thread, one batch at a time
-        # (DataLoader's way, and the batch's seeding covers it).
+        # Without a fetcher a sync __getitem__ (or __getitems__) runs on the compute thread,
+        # one batch at a time (DataLoader's way, and the batch's seeding covers it).
         tuner = None
         if config.io_budget is not None:  # the tuner lives as long as the worker: across epochs
             tuner = FetchTuner(max(1, config.io_limit), config.io_budget, time.perf_counter())
-        self._fetcher = (
-            Fetcher(get, max(1, config.io_limit), self.spawn, plan.skip, tuner=tuner)
-            if get
-            else None
-        )
-        self._run_plan = dataclasses.replace(plan, dataset=None) if get else plan
+        self._fetcher: Fetcher | BatchFetcher | None = None
+        if plan.getitems and self._fetch_pool is not None:  # a call per batch, in those threads
+            aligned = plan.transform is not None
+            self._fetcher = BatchFetcher(
+                plan.dataset, self._fetch_pool, config.fetch_threads, plan.skip, aligned
+            )
+        elif get is not None:
+            self._fetcher = Fetcher(
+                get, max(1, config.io_limit), self.spawn, plan.skip, tuner=tuner
+            )
+        self._run_plan = dataclasses.replace(plan, dataset=None) if self._fetcher else plan
         self._streams: dict[int, _Stream] = {}  # the newest epoch's iteration only
         self._newest = -1  # its token (tokens grow epoch by epoch)
 

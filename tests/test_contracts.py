@@ -28,6 +28,7 @@ from tests.helpers import (
     AsyncIterSource,
     AsyncSource,
     Draws,
+    GetitemsSource,
     IterSource,
     SyncSource,
     as_worker,
@@ -162,6 +163,7 @@ BYTES = {"collate_fn": list}
 STREAM = {"transform": jitter}  # batches finish out of order in the executor
 KINDS = [
     Kind("sync-map", lambda r: lambda: SyncSource(N), row_id, True),
+    Kind("getitems-map", lambda r: lambda: GetitemsSource(N), row_id, True),  # a call per batch
     Kind("async-map", lambda r: lambda: AsyncSource(N), row_id, True),
     Kind("sync-iterable", lambda r: lambda: IterSource(N), row_id, False, STREAM, STATELESS),
     Kind("async-iterable", lambda r: lambda: AsyncIterSource(N), row_id, False, STREAM, STATELESS),

@@ -57,11 +57,16 @@ from tests.test_contracts import sources as sources  # noqa: E402  (a fixture)
 
 pytestmark = pytest.mark.timeout(240)
 
-RAY_KINDS = [
-    k
-    for k in KINDS
-    if k.name in ("sync-map", "async-map", "http", "sync-iterable", "async-iterable", "sharded-tar")
-]
+RAY_NAMES = (
+    "sync-map",
+    "getitems-map",
+    "async-map",
+    "http",
+    "sync-iterable",
+    "async-iterable",
+    "sharded-tar",
+)
+RAY_KINDS = [k for k in KINDS if k.name in RAY_NAMES]
 #: What the order of a Ray loader's samples is computed as: 2 workers iterating their parts.
 AS_IN_WORKERS = {"num_workers": 2, "fetch_in_workers": True}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import threading
@@ -46,6 +47,34 @@ class SyncSource(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> np.ndarray:
         time.sleep(latency(index))
         return sample(index)
+
+
+class GetitemsSource(SyncSource):
+    """SyncSource with ``__getitems__``: one call per batch, waiting the batch's longest
+    latency. With ``log`` (a file path), each call appends a line to it, from any process:
+    ``["getitems", [indices]]`` or ``["getitem", [index]]``."""
+
+    def __init__(self, n: int = 100, log: str | None = None) -> None:
+        super().__init__(n)
+        self.log = log
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        self._record("getitem", [index])
+        return super().__getitem__(index)
+
+    def __getitems__(self, indices: list[int]) -> list[np.ndarray]:
+        self._record("getitems", indices)
+        time.sleep(max((latency(i) for i in indices), default=0.0))
+        return [sample(i) for i in indices]
+
+    def _record(self, call: str, indices: list[int]) -> None:
+        if self.log is not None:
+            line = json.dumps([call, [int(i) for i in indices]]) + "\n"
+            fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(fd, line.encode())  # one write: lines of processes never interleave
+            finally:
+                os.close(fd)
 
 
 class AsyncSource:
