@@ -12,12 +12,12 @@ import contextlib
 import weakref
 from typing import Any
 
+from asyncloader._base.skipping import EMPTY
+from asyncloader._base.threads import finalize_here
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
 from asyncloader._meter import now
-from asyncloader._skip import EMPTY
 from asyncloader._stats import LoaderStats
-from asyncloader._threads import finalize_here
 
 
 class AsyncIterator:

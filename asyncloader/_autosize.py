@@ -33,7 +33,7 @@ doubles (up to ``PREFETCH_CAP`` and to what ``memory_budget`` holds, but never b
 ``PREFETCH_START``: the budget bounds growth, so "auto" never holds less than the fixed
 default would). After a step, a round whose batches/s did not rise by ``GAIN`` undoes it and
 holds for ``HOLD_S``. The window
-follows every move (:class:`asyncloader._window.Window`): it never holds more batches than its
+follows every move (:class:`asyncloader._base.window.Window`): it never holds more batches than its
 largest size, which is at most ``Options.window`` (sized for ``PREFETCH_CAP``).
 """
 
@@ -42,8 +42,8 @@ from __future__ import annotations
 import os
 
 from asyncloader._autotune import GAIN
+from asyncloader._base.validate import available_cores
 from asyncloader._stats import LoaderStats
-from asyncloader._validate import available_cores
 
 PREFETCH_START = 2  # the fixed default: a short epoch is never held tighter than it
 PREFETCH_CAP = 16

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from asyncloader._transport import nbytes
+from asyncloader._base.structure import nbytes
 
 START = 64  # the first limit: the fixed default, so a short epoch is never slower than it
 CAP = 4096  # the highest limit "auto" reaches

@@ -13,11 +13,12 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Seque
 from concurrent.futures import Executor
 from typing import Any
 
+from asyncloader._base.source_state import source_state
 from asyncloader._claims import Claim
 from asyncloader._heavy import PullMeter
 from asyncloader._options import Options
 from asyncloader._progress import Progress
-from asyncloader._state import Resume, source_state
+from asyncloader._state import Resume
 
 
 class Made:

@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from asyncloader._seeding import Seeds
+from asyncloader._base.seeding import Seeds
 from asyncloader._worker_loop import StreamOpen
 
 _tokens = itertools.count()

@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from asyncloader._structure import DESCEND, map_structure, tensors_of
-from asyncloader._threads import settle
+from asyncloader._base.structure import DESCEND, map_structure, tensors_of
+from asyncloader._base.threads import settle
 
 
 def _apply(data: Any, on_tensor: Callable[[torch.Tensor], Any], method: str) -> Any:

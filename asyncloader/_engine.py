@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
+from asyncloader._base.seeding import Seeds
 from asyncloader._plan import BatchPlan, run_batch
-from asyncloader._seeding import Seeds
 
 
 class Engine(Protocol):

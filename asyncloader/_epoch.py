@@ -10,7 +10,7 @@
                           ReorderBuffer ─► [device thread] ─► consumer (permit returned on
                                                               hand-over)
 
-Window invariant: ``permits.value + ahead == size + debt`` (:class:`~asyncloader._window.
+Window invariant: ``permits.value + ahead == size + debt`` (:class:`~asyncloader._base.window.
 Window`), where ``ahead`` counts the batches taken from the sampler and not yet handed to the
 consumer (being fetched, in the engine, in the reorder buffer, or in a hand-over queue). So
 memory held ahead of the consumer is bounded by the largest size the window had, at most
@@ -42,26 +42,26 @@ import torch
 
 from asyncloader._autosize import PrefetchTuner
 from asyncloader._autotune import FetchTuner
+from asyncloader._base.failure import Failure, unwrap_group
+from asyncloader._base.reorder import ReorderBuffer
+from asyncloader._base.seeding import Seeds, call_seeded
+from asyncloader._base.skipping import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
+from asyncloader._base.structure import nbytes
+from asyncloader._base.threads import loader_threads, loop_registered, run_in_thread
+from asyncloader._base.window import Window
 from asyncloader._batches import Batch, Made, map_batches, stream_batches
 from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
-from asyncloader._failure import Failure, unwrap_group
 from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._length import LengthCheck, ReportedLength
 from asyncloader._meter import EpochMeter, now
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
-from asyncloader._reorder import ReorderBuffer
-from asyncloader._seeding import Seeds, call_seeded
-from asyncloader._skip import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
 from asyncloader._start import EpochStart
 from asyncloader._stats import LoaderStats
 from asyncloader._streams import worker_stream_batches
-from asyncloader._threads import loader_threads, loop_registered, run_in_thread
 from asyncloader._transform import Transformer, inline_plan
-from asyncloader._transport import nbytes
-from asyncloader._window import Window
 from asyncloader._workers import WorkerLease
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 from asyncloader.sources import SourceKind
@@ -230,7 +230,7 @@ class Epoch:
     def outcome(self, seq: int, item: Any) -> Any:
         """What the consumer gets for batch ``seq`` (``item`` from :meth:`next`), on its thread.
 
-        Returns the batch, or :data:`~asyncloader._skip.EMPTY` when ``on_error="skip"`` left no
+        Returns the batch, or :data:`~asyncloader._base.skipping.EMPTY` when ``on_error="skip"`` left no
         sample in it (received, nothing to yield). Raises the batch's own error when one of
         its stages failed: that step only; the next goes on with the next batch.
         """
@@ -399,7 +399,7 @@ class Epoch:
 
     @property
     def _seeds(self) -> Seeds:
-        """How this epoch's batches seed the global RNGs (see :mod:`asyncloader._seeding`)."""
+        """How this epoch's batches seed the global RNGs (see :mod:`asyncloader._base.seeding`)."""
         return Seeds.of(self.start_info.seed, self._options.seed_per_sample)
 
     def _window_size(self) -> int:

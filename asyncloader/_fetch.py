@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from asyncloader._autotune import FetchTuner
-from asyncloader._failure import Failure
+from asyncloader._base.failure import Failure
+from asyncloader._base.skipping import Skip, Trimmed
 from asyncloader._meter import EpochMeter, now
-from asyncloader._skip import Skip, Trimmed
 from asyncloader.errors import AsyncLoaderError
 
 Spawn = Callable[..., "asyncio.Task[None]"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from array import array
 
-from asyncloader.sources import _retry
+from asyncloader._base.retries import RETRIES
 
 RESERVOIR = 2048  # durations kept per stage for the percentiles: the most recent ones
 SAMPLE_EVERY = 4  # of which every 4th is kept
@@ -105,13 +105,13 @@ class EpochMeter:
         self.steady: tuple[float, float, float] | None = None
         self.samples = 0
         self.batch_bytes = 0  # the first batch's tensors and arrays, once received
-        self._retries_before = _retry.RETRIES[0]
+        self._retries_before = RETRIES[0]
 
     @property
     def retries(self) -> int:
         """Retries of this process's sources since the epoch began (any epoch running then
         counts too)."""
-        return _retry.RETRIES[0] - self._retries_before
+        return RETRIES[0] - self._retries_before
 
     def in_flight(self, at: float) -> tuple[float, float]:
         """Mean samples being fetched and batches in the engine since the first batch

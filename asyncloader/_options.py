@@ -2,7 +2,7 @@
 constructor.
 
 ``AsyncLoader.__init__`` passes its keywords here unchanged; :class:`Options` checks them (with
-the checks of :mod:`asyncloader._validate`), derives the sampling chain DataLoader would build
+the checks of :mod:`asyncloader._base.validate`), derives the sampling chain DataLoader would build
 (sampler, batch sampler, collate function) and fixes the bounds the pipeline lives by (the
 window). Nothing downstream reads options by string key or validates them again.
 """
@@ -25,13 +25,13 @@ from torch.utils.data import (
     default_convert,
 )
 
-from asyncloader import _validate as check
 from asyncloader._autosize import PREFETCH_CAP, PREFETCH_START, start_workers
 from asyncloader._autotune import CAP as AUTO_CAP
 from asyncloader._autotune import DEFAULT_BUDGET
+from asyncloader._base import validate as check
+from asyncloader._base.ranks import resolve_ranks
 from asyncloader._rank_sampler import TAILS, RankSampler
 from asyncloader.sources import SourceKind, source_kind
-from asyncloader.sources._shardplan import resolve_ranks
 
 DEVICE_DEPTH = 2
 

@@ -14,17 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncloader._failure import Failure
-from asyncloader._seeding import Seeds, call_seeded
-from asyncloader._skip import Skip, Trimmed
+from asyncloader._base.failure import Failure
+from asyncloader._base.seeding import Seeds, call_seeded
+from asyncloader._base.skipping import Skip, Trimmed
+from asyncloader._base.worker_info import get_worker_info
 from asyncloader._transport import by_value, to_shared
-from asyncloader._worker import (
-    get_worker_info,
-    init_failure,
-    mark_running,
-    shares_batches,
-    worker_plan,
-)
+from asyncloader._worker import init_failure, mark_running, shares_batches, worker_plan
 
 if TYPE_CHECKING:
     from asyncloader._options import Options
@@ -93,7 +88,7 @@ def run_batch(
 
     Args:
         plan: What to do, or ``None`` in a worker that holds its plan already.
-        seeds: How to seed the global RNGs first (:class:`~asyncloader._seeding.Seeds`): in a
+        seeds: How to seed the global RNGs first (:class:`~asyncloader._base.seeding.Seeds`): in a
             worker process from ``(epoch seed, seq)`` once; with ``per_sample`` from
             ``(epoch seed, index)`` before each sample's ``__getitem__`` and ``transform``
             and from ``(epoch seed, seq)`` before collate. Either way the batch is the same

@@ -23,15 +23,15 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from asyncloader._compat import (
+from asyncloader._base.compat import (
     before_exit,
     pool_is_broken,
     pool_manager_thread,
     pool_processes,
 )
+from asyncloader._base.seeding import Seeds
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan, run_batch
-from asyncloader._seeding import Seeds
 from asyncloader._start_method import check_start, default_mp_context
 from asyncloader._worker import Running, init_failure, init_worker
 from asyncloader.errors import WorkerCrashedError
@@ -127,7 +127,7 @@ class ProcessPool:
 
         Args:
             launching: Entered around the process starts alone, not the wait for their
-                ``worker_init_fn`` (see :func:`asyncloader._threads.loops_parked`).
+                ``worker_init_fn`` (see :func:`asyncloader._base.threads.loops_parked`).
 
         Raises:
             Exception: The user's own exception, when a worker's ``worker_init_fn`` raised

@@ -24,8 +24,8 @@ from contextlib import AbstractContextManager, nullcontext
 from multiprocessing.connection import wait
 from typing import Any
 
+from asyncloader._base.compat import before_exit
 from asyncloader._channels import Channels
-from asyncloader._compat import before_exit
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._pool import EXIT_GRACE_S, SHUTDOWN_GRACE_S, death_note, stop_processes
@@ -105,7 +105,7 @@ class WorkerGroup(Channels):
 
         Args:
             launching: Entered around the process starts alone, not the wait for their
-                ``worker_init_fn`` (see :func:`asyncloader._threads.loops_parked`).
+                ``worker_init_fn`` (see :func:`asyncloader._base.threads.loops_parked`).
 
         Raises:
             Exception: The user's own exception, when a ``worker_init_fn`` raised.

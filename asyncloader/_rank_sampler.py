@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from asyncloader.sources._shardplan import resolve_ranks
+from asyncloader._base.ranks import resolve_ranks
 
 TAILS = ("pad", "drop")
 

@@ -16,18 +16,12 @@ from typing import Any
 
 import torch
 
+from asyncloader._base.seeding import draw_seed
+from asyncloader._base.source_state import source_state
 from asyncloader._claims import Claim, claim_for
 from asyncloader._options import Options
 from asyncloader._rank_sampler import Cut
-from asyncloader._seeding import draw_seed
-from asyncloader._state import (
-    Resume,
-    decode_rng,
-    fresh_state,
-    resume_point,
-    source_state,
-    warn_replayed,
-)
+from asyncloader._state import Resume, decode_rng, fresh_state, resume_point, warn_replayed
 from asyncloader.sources import SourceKind
 
 
@@ -49,7 +43,7 @@ class EpochStart:
             when the source restored its own state, else 0 (earlier batches are then pulled
             and dropped).
         source_state: ``(first_seq, state)``: an iterable source's own state (see
-            :func:`~asyncloader._state.source_state`) before its first batch, when it or its
+            :func:`~asyncloader._base.source_state.source_state`) before its first batch, when it or its
             iterator keeps one (``state_dict``/``load_state_dict``); else ``None``.
         cuts: With ``distributed=True``: the interruptions at other world sizes whose
             remainder this epoch is (see :mod:`asyncloader._rank_sampler`); ``()`` for a

@@ -6,7 +6,7 @@ default (``set_start_method`` included): fork on Linux before Python 3.14, forks
 threads, not an earlier epoch or loader.
 
 Fork: the workers are forked on the consumer's thread at ``iter()``, inside
-:func:`~asyncloader._threads.loops_parked`, which parks every event loop running asyncloader
+:func:`~asyncloader._base.threads.loops_parked`, which parks every event loop running asyncloader
 code between two of its callbacks, so no thread of asyncloader holds a lock at the fork (a
 lock held then stays held in the child).
 Its other threads at that moment wait on pipes, queues or selectors, or run your own code
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from asyncloader._compat import caller_frames, start_fork_server
+from asyncloader._base.compat import caller_frames, start_fork_server
 from asyncloader._picklable import check_picklable
 
 _PRELOAD = ["__main__", "asyncloader._worker"]

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
+from asyncloader._base.ranks import resolve_ranks
 from asyncloader._layout import SOURCE_KEYS, placed, taken
 from asyncloader._options import Options
 from asyncloader._rank_sampler import Cut, per_rank, remainder_len
-from asyncloader.sources._shardplan import resolve_ranks
 
 #: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder;
 #: for an iterable source, the world size only: it keeps its position itself);
@@ -40,33 +40,6 @@ class Resume:
     start: int = 0
     skip: frozenset[int] = frozenset()
     source_state: Any = None
-
-
-def is_stateful(source: Any) -> bool:
-    """The source can report and restore its position itself."""
-    return callable(getattr(source, "state_dict", None)) and callable(
-        getattr(source, "load_state_dict", None)
-    )
-
-
-def source_state(dataset: Any, iterator: Any = None) -> dict[str, Any] | None:
-    """Copies of the own states of ``dataset`` and of its ``iterator``, or ``None`` when
-    neither keeps one.
-
-    A dataset that is its own iterator (``__iter__`` returns ``self``) has its state saved
-    once, as the iterator's: restored after ``iter()``, which may reset it. Copies, because
-    the source is pulled ahead of the consumer: a ``state_dict()`` returning live objects
-    would otherwise change under a checkpoint taken earlier.
-    """
-    own = is_stateful(dataset) and iterator is not dataset
-    iterates = iterator is not None and is_stateful(iterator)
-    state = {
-        "dataset": dataset.state_dict() if own else None,
-        "iterator": iterator.state_dict() if iterates else None,
-    }
-    if state["dataset"] is None and state["iterator"] is None:
-        return None
-    return copy.deepcopy(state)
 
 
 def fresh_state(num_workers: int) -> dict[str, Any]:

@@ -25,11 +25,11 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from asyncloader._base.skipping import EMPTY
+from asyncloader._base.threads import finalize_here, loop_registered, new_event_loop, unsafe_to_wait
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
 from asyncloader._meter import now
-from asyncloader._skip import EMPTY
-from asyncloader._threads import finalize_here, loop_registered, new_event_loop, unsafe_to_wait
 
 _ITEM, _END, _ERROR = 0, 1, 2
 
@@ -166,7 +166,7 @@ def _finalize(pump: Job) -> None:
     """The iterator's finalizer. It waits for the epoch to close only where that is safe: on
     the main thread (where an unreferenced iterator usually dies, and which the loop never
     waits for), and not in a garbage collection begun under a lock the loop thread needs
-    (:func:`~asyncloader._threads.unsafe_to_wait`). Elsewhere the epoch closes in the
+    (:func:`~asyncloader._base.threads.unsafe_to_wait`). Elsewhere the epoch closes in the
     background."""
     safe = threading.current_thread() is threading.main_thread() and not unsafe_to_wait()
     _stop(pump, wait=safe)

@@ -3,7 +3,7 @@
 One task per batch runs :func:`asyncloader._plan.run_batch` on the epoch's engine (fetch when
 the engine holds the dataset, then transform and collate). At most ``window`` batches are in
 the engine at once, ``window`` the largest size the room ever had (``prefetch="auto"`` resizes
-it; see :class:`~asyncloader._window.Window`).
+it; see :class:`~asyncloader._base.window.Window`).
 
 When the plan holds only torch's default collate (no dataset, no transform, no per-sample
 seeding), a batch smaller than :data:`INLINE_COLLATE_BYTES` may be collated right on the event
@@ -24,14 +24,15 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, default_convert
 
+from asyncloader._base.seeding import Seeds
+from asyncloader._base.skipping import Trimmed
+from asyncloader._base.structure import nbytes
+from asyncloader._base.threads import run_in_thread
+from asyncloader._base.window import Window
 from asyncloader._engine import Engine
 from asyncloader._meter import EpochMeter, now
 from asyncloader._plan import BatchPlan, run_batch
-from asyncloader._seeding import Seeds
-from asyncloader._skip import Trimmed
-from asyncloader._threads import run_in_thread
-from asyncloader._transport import from_shared, nbytes
-from asyncloader._window import Window
+from asyncloader._transport import from_shared
 from asyncloader.errors import WorkerCrashedError
 
 #: Batches below this size that need only the default collate may be collated on the loop: a
@@ -77,7 +78,7 @@ class Transformer:
     Args:
         engine: Where batches are processed.
         window: Batches at most in the engine (:meth:`resize` moves it).
-        seeds: How batches seed the global RNGs (:class:`~asyncloader._seeding.Seeds`).
+        seeds: How batches seed the global RNGs (:class:`~asyncloader._base.seeding.Seeds`).
         inflight: seq -> indices of the batches not yet handed to the consumer (for crash
             reports).
         inline: A plan (from :func:`inline_plan`) under which small batches are collated on

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import asyncloader._compat  # noqa: F401  torch's shared-memory pickling
-from asyncloader._structure import DESCEND, map_structure
+import asyncloader._base.compat  # noqa: F401  torch's shared-memory pickling
+from asyncloader._base.structure import DESCEND, map_structure, nbytes
 
 
 class SharedArray:
@@ -74,24 +74,6 @@ class TensorValue:
 
     def __init__(self, array: np.ndarray) -> None:
         self.array = array
-
-
-def nbytes(batch: Any) -> int:
-    """Bytes held by the tensors and numpy arrays in ``batch`` (any nesting)."""
-    total = 0
-
-    def count(x: Any) -> Any:
-        nonlocal total
-        if isinstance(x, torch.Tensor):
-            total += x.numel() * x.element_size()  # nbytes, which sparse tensors lack
-            return x
-        if isinstance(x, np.ndarray):
-            total += x.nbytes
-            return x
-        return DESCEND
-
-    map_structure(batch, count)
-    return total
 
 
 def _by_value(x: Any, found: list[bool]) -> Any:

@@ -11,37 +11,19 @@ from __future__ import annotations
 import os
 import signal
 import traceback
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asyncloader._compat import set_torch_worker_info
-from asyncloader._failure import Failure
+from asyncloader._base.compat import set_torch_worker_info
+from asyncloader._base.failure import Failure
+from asyncloader._base.seeding import leave_seeding_to_user, rng_states, seed_all
+from asyncloader._base.worker_info import WorkerInfo, get_worker_info, set_worker_info
 from asyncloader._malloc import keep_freed_memory
 from asyncloader._orphans import watch_parent
-from asyncloader._seeding import leave_seeding_to_user, rng_states, seed_all
 
 if TYPE_CHECKING:
     from asyncloader._plan import BatchPlan
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """Describes the worker process the calling code runs in.
-
-    Attributes:
-        id: The worker's id, ``0 <= id < num_workers``.
-        num_workers: How many worker processes the loader started.
-        seed: The seed this worker's ``torch``, ``random`` and ``numpy`` RNGs were given.
-        dataset: This worker's copy of the dataset (``None`` when samples are fetched on the
-            event loop and the worker only transforms and collates them).
-    """
-
-    id: int
-    num_workers: int
-    seed: int
-    dataset: Any
 
 
 class Running:
@@ -67,16 +49,10 @@ class Running:
         return {a[2 * i]: a[2 * i + 1] for i in range(len(a) // 2)}
 
 
-_info: WorkerInfo | None = None
 _plan: BatchPlan | None = None
 _running: Running | None = None
 _init_failure: Failure | None = None  # what worker_init_fn raised, answered to every task
 _sharing = True  # batches leave through shared memory (see shares_batches)
-
-
-def get_worker_info() -> WorkerInfo | None:
-    """Returns the :class:`WorkerInfo` inside an asyncloader worker process, ``None`` elsewhere."""
-    return _info
 
 
 def worker_plan() -> BatchPlan | None:
@@ -86,8 +62,9 @@ def worker_plan() -> BatchPlan | None:
 
 def mark_running(seq: int) -> None:
     """Records that this worker runs batch ``seq`` (``-1``: none); a no-op outside a worker."""
-    if _running is not None and _info is not None:
-        _running.set(_info.id, seq)
+    info = get_worker_info()
+    if _running is not None and info is not None:
+        _running.set(info.id, seq)
 
 
 def init_worker(
@@ -126,7 +103,7 @@ def setup_worker(
     actor's). It also makes malloc keep a batch's freed samples for the next batch
     (:func:`asyncloader._malloc.keep_freed_memory`).
     """
-    global _info, _plan, _init_failure, _sharing
+    global _plan, _init_failure, _sharing
     if owner_pid is not None:
         watch_parent(owner_pid)
         # Ctrl-C is the training process's to handle (it stops the workers), as DataLoader's
@@ -138,7 +115,7 @@ def setup_worker(
     keep_freed_memory()
     seed_all(seed)
     _plan = plan
-    _info = WorkerInfo(worker_id, num_workers, seed, plan.dataset)
+    set_worker_info(WorkerInfo(worker_id, num_workers, seed, plan.dataset))
     set_torch_worker_info(worker_id, num_workers, seed, plan.dataset)
     if worker_init_fn is not None:
         try:
@@ -163,4 +140,4 @@ def init_failure() -> Failure | None:
 def shares_batches() -> bool:
     """A batch made here leaves through shared memory (a worker process of this machine's
     pool; a Ray actor returns it through Ray's object store instead)."""
-    return _info is not None and _sharing
+    return get_worker_info() is not None and _sharing

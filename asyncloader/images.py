@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from asyncloader._compat import empty_shared
+from asyncloader._base.compat import empty_shared
 from asyncloader._malloc import empty_huge
 from asyncloader._worker import shares_batches
 

@@ -17,13 +17,21 @@ from torch.utils.data import Dataset
 from asyncloader._async import AsyncIterator
 from asyncloader._autosize import PrefetchTuner, WorkerTuner
 from asyncloader._autotune import FetchTuner
+from asyncloader._base.skipping import SKIP_LOG_LENGTH
+from asyncloader._base.source_state import source_state
+from asyncloader._base.threads import (
+    finalize_here,
+    keep_torch_threads,
+    run_in_thread,
+    unsafe_to_wait,
+)
+from asyncloader._base.validate import check_int, dataloader_spellings, warn_many_workers
 from asyncloader._epoch import Epoch
 from asyncloader._layout import placed
 from asyncloader._length import ReportedLength
 from asyncloader._meter import now
 from asyncloader._options import Options
 from asyncloader._report import Diagnosis, diagnose, render
-from asyncloader._skip import SKIP_LOG_LENGTH
 from asyncloader._start import capture_rng, start_epoch, tell_rank
 from asyncloader._state import (
     STATE_VERSION,
@@ -33,12 +41,9 @@ from asyncloader._state import (
     next_epoch_state,
     ranks_state,
     rebase,
-    source_state,
 )
 from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
-from asyncloader._threads import finalize_here, keep_torch_threads, run_in_thread, unsafe_to_wait
-from asyncloader._validate import check_int, dataloader_spellings, warn_many_workers
 from asyncloader._workers import Workers
 
 T_co = TypeVar("T_co", covariant=True)
@@ -62,7 +67,7 @@ def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> N
     garbage collection may run on any thread, also one the loop thread waits for, or while a
     lock the loop thread needs is held: the loop thread is joined only from close() or, for
     a loader that simply went out of scope, from the main thread where that is safe
-    (:func:`~asyncloader._threads.unsafe_to_wait`)."""
+    (:func:`~asyncloader._base.threads.unsafe_to_wait`)."""
     main = threading.current_thread() is threading.main_thread()
     loop_thread.stop(wait=not warn or (main and not unsafe_to_wait()))
     workers.close(warn)

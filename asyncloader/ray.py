@@ -57,12 +57,12 @@ from asyncloader._actor_sockets import (
     connect_actor,
     listening,
 )
+from asyncloader._base.seeding import Seeds
+from asyncloader._base.skipping import Trimmed
+from asyncloader._base.structure import DESCEND, map_structure
 from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._procs import worker_specs
-from asyncloader._seeding import Seeds
-from asyncloader._skip import Trimmed
-from asyncloader._structure import DESCEND, map_structure
 from asyncloader._transport import TensorValue, WithArrays
 from asyncloader._worker import init_failure, setup_worker
 from asyncloader._worker_loop import StreamOpen, WorkerCore, WorkerSpec

@@ -10,7 +10,7 @@ import pytest
 
 from asyncloader import AsyncLoader, _autotune
 from asyncloader._autotune import CAP, HOLD_S, START, FetchTuner
-from asyncloader._window import Window
+from asyncloader._base.window import Window
 from tests.helpers import Waiting
 from tests.helpers.contracts import check_bounded_window, check_exactly_once
 

@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 
-from asyncloader._failure import Failure
+from asyncloader._base.failure import Failure
 from asyncloader._fetch import Fetcher
 from asyncloader.errors import AsyncLoaderError
 

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 #: Returned by a leaf function to say "not a leaf: recurse into it if it is a container".
@@ -67,3 +68,21 @@ def tensors_of(data: Any) -> list[torch.Tensor]:
 
     map_structure(data, collect)
     return found
+
+
+def nbytes(batch: Any) -> int:
+    """Bytes held by the tensors and numpy arrays in ``batch`` (any nesting)."""
+    total = 0
+
+    def count(x: Any) -> Any:
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            total += x.numel() * x.element_size()  # nbytes, which sparse tensors lack
+            return x
+        if isinstance(x, np.ndarray):
+            total += x.nbytes
+            return x
+        return DESCEND
+
+    map_structure(batch, count)
+    return total

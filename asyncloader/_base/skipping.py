@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from asyncloader._failure import Failure
+from asyncloader._base.failure import Failure
 
 log = logging.getLogger("asyncloader")
 

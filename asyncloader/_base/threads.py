@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from asyncloader._compat import thread_pools_locked
+from asyncloader._base.compat import thread_pools_locked
 
 _new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
 with contextlib.suppress(ImportError):  # at import, not at the first epoch: it takes ~6 ms

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from asyncloader._compat import is_mp_context
+from asyncloader._base.compat import is_mp_context
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
