@@ -39,29 +39,16 @@ largest size, which is at most ``Options.window`` (sized for ``PREFETCH_CAP``).
 
 from __future__ import annotations
 
-import os
-
 from asyncloader._autotune import GAIN
 from asyncloader._base.validate import available_cores
+from asyncloader._config.defaults import PREFETCH_CAP, PREFETCH_START
 from asyncloader._stats import LoaderStats
 
-PREFETCH_START = 2  # the fixed default: a short epoch is never held tighter than it
-PREFETCH_CAP = 16
 MIN_ROUND = 8  # batches in a prefetch round at least
 HOLD_S = 1.0
 STALLED = 0.10  # the consumer waited this share of its time: the loader set the pace
 WINDOW_FULL = 0.5  # this share of admissions waited for a slot: the window set it
 MIN_EPOCH_BATCHES = 16
-
-
-def start_workers(loop_fed: bool) -> int:
-    """The first epoch's workers: 0 when ``loop_fed`` (they would only collate what this
-    process's loop fetched), else the usable cores, shared among this node's ranks."""
-    if loop_fed:
-        return 0
-    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    share = max(1, int(ranks)) if ranks.isdigit() else 1
-    return max(1, (available_cores() or 1) // share)
 
 
 def steady_rate(stats: LoaderStats) -> float:
@@ -74,7 +61,7 @@ class WorkerTuner:
     """The worker count of one loader under ``num_workers="auto"`` (see the module rules).
 
     Args:
-        start: The first epoch's count (:func:`start_workers`).
+        start: The first epoch's count (:func:`asyncloader._config.defaults.start_workers`).
         budget: Bytes the batches in the window may hold.
     """
 

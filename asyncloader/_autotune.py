@@ -32,11 +32,9 @@ import os
 from asyncloader._base.structure import nbytes
 
 START = 64  # the first limit: the fixed default, so a short epoch is never slower than it
-CAP = 4096  # the highest limit "auto" reaches
 MIN_ROUND = 32
 GAIN = 1.10
 HOLD_S = 1.0
-DEFAULT_BUDGET = 1 << 30  # bytes of samples in flight (1 GiB) unless memory_budget says
 
 
 def file_room() -> int | None:

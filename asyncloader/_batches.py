@@ -15,8 +15,8 @@ from typing import Any
 
 from asyncloader._base.source_state import source_state
 from asyncloader._claims import Claim
+from asyncloader._config.options import Options
 from asyncloader._heavy import PullMeter
-from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._state import Resume
 

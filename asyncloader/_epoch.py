@@ -43,6 +43,7 @@ import torch
 from asyncloader._autosize import PrefetchTuner
 from asyncloader._autotune import FetchTuner
 from asyncloader._base.failure import Failure, unwrap_group
+from asyncloader._base.kinds import SourceKind
 from asyncloader._base.reorder import ReorderBuffer
 from asyncloader._base.seeding import Seeds, call_seeded
 from asyncloader._base.skipping import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
@@ -50,12 +51,12 @@ from asyncloader._base.structure import nbytes
 from asyncloader._base.threads import loader_threads, loop_registered, run_in_thread
 from asyncloader._base.window import Window
 from asyncloader._batches import Batch, Made, map_batches, stream_batches
+from asyncloader._config.options import Options
 from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._length import LengthCheck, ReportedLength
 from asyncloader._meter import EpochMeter, now
-from asyncloader._options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
@@ -64,7 +65,6 @@ from asyncloader._streams import worker_stream_batches
 from asyncloader._transform import Transformer, inline_plan
 from asyncloader._workers import WorkerLease
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
-from asyncloader.sources import SourceKind
 
 #: The longest ``state_dict()`` waits for the workers to open their iterations of the source
 #: (without a ``timeout``); past it, it returns the state without what they opened.

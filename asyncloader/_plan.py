@@ -22,7 +22,7 @@ from asyncloader._transport import by_value, to_shared
 from asyncloader._worker import init_failure, mark_running, shares_batches, worker_plan
 
 if TYPE_CHECKING:
-    from asyncloader._options import Options
+    from asyncloader._config.options import Options
 
 
 @dataclass(frozen=True, slots=True)

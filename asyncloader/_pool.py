@@ -30,7 +30,7 @@ from asyncloader._base.compat import (
     pool_processes,
 )
 from asyncloader._base.seeding import Seeds
-from asyncloader._options import Options
+from asyncloader._config.options import Options
 from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._start_method import check_start, default_mp_context
 from asyncloader._worker import Running, init_failure, init_worker

@@ -26,7 +26,7 @@ from typing import Any
 
 from asyncloader._base.compat import before_exit
 from asyncloader._channels import Channels
-from asyncloader._options import Options
+from asyncloader._config.options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._pool import EXIT_GRACE_S, SHUTDOWN_GRACE_S, death_note, stop_processes
 from asyncloader._start_method import check_start, default_mp_context

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
+from asyncloader._base.kinds import SourceKind
 from asyncloader._base.seeding import draw_seed
 from asyncloader._base.source_state import source_state
 from asyncloader._claims import Claim, claim_for
-from asyncloader._options import Options
-from asyncloader._rank_sampler import Cut
+from asyncloader._config.options import Options
+from asyncloader._config.rank_sampler import Cut
 from asyncloader._state import Resume, decode_rng, fresh_state, resume_point, warn_replayed
-from asyncloader.sources import SourceKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class EpochStart:
             :func:`~asyncloader._base.source_state.source_state`) before its first batch, when it or its
             iterator keeps one (``state_dict``/``load_state_dict``); else ``None``.
         cuts: With ``distributed=True``: the interruptions at other world sizes whose
-            remainder this epoch is (see :mod:`asyncloader._rank_sampler`); ``()`` for a
+            remainder this epoch is (see :mod:`asyncloader._config.rank_sampler`); ``()`` for a
             whole epoch.
     """
 

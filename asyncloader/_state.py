@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from asyncloader._base.ranks import resolve_ranks
+from asyncloader._config.options import Options
+from asyncloader._config.rank_sampler import Cut, per_rank, remainder_len
 from asyncloader._layout import SOURCE_KEYS, placed, taken
-from asyncloader._options import Options
-from asyncloader._rank_sampler import Cut, per_rank, remainder_len
 
 #: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder;
 #: for an iterable source, the world size only: it keeps its position itself);
@@ -203,7 +203,7 @@ def _source_moves(state: dict, options: Options) -> bool:
 
 def rebase(state: dict, options: Options) -> dict:
     """``state`` as this loader's world size sees it (elastic resume, see
-    :mod:`asyncloader._rank_sampler`): saved at another world size, the batches every rank
+    :mod:`asyncloader._config.rank_sampler`): saved at another world size, the batches every rank
     took become one more cut of the epoch, whose remainder this loader's ranks split."""
     if _source_moves(state, options):
         return _rebase_source(state, options)

@@ -31,8 +31,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from asyncloader._batches import Batch, Made
+from asyncloader._config.options import Options
 from asyncloader._engine import WorkerEngine
-from asyncloader._options import Options
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
 from asyncloader._state import fresh_state

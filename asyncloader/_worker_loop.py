@@ -27,6 +27,7 @@ from typing import Any
 
 from asyncloader._autotune import FetchTuner
 from asyncloader._base.failure import Failure
+from asyncloader._base.kinds import SourceKind
 from asyncloader._base.seeding import Seeds, call_seeded, seed_stream
 from asyncloader._base.source_state import source_state
 from asyncloader._base.threads import loader_threads, new_event_loop
@@ -34,7 +35,6 @@ from asyncloader._batches import sync_stream, take_async, take_sync
 from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._worker import init_failure, setup_worker
-from asyncloader.sources import SourceKind
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

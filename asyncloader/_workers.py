@@ -19,7 +19,7 @@ import warnings
 from typing import Any
 
 from asyncloader._base.threads import loops_parked, run_in_thread
-from asyncloader._options import Options
+from asyncloader._config.options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._pool import ProcessPool
 from asyncloader._procs import WorkerGroup

@@ -26,11 +26,11 @@ from asyncloader._base.threads import (
     unsafe_to_wait,
 )
 from asyncloader._base.validate import check_int, dataloader_spellings, warn_many_workers
+from asyncloader._config.options import Options
 from asyncloader._epoch import Epoch
 from asyncloader._layout import placed
 from asyncloader._length import ReportedLength
 from asyncloader._meter import now
-from asyncloader._options import Options
 from asyncloader._report import Diagnosis, diagnose, render
 from asyncloader._start import capture_rng, start_epoch, tell_rank
 from asyncloader._state import (

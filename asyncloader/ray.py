@@ -60,7 +60,7 @@ from asyncloader._actor_sockets import (
 from asyncloader._base.seeding import Seeds
 from asyncloader._base.skipping import Trimmed
 from asyncloader._base.structure import DESCEND, map_structure
-from asyncloader._options import Options
+from asyncloader._config.options import Options
 from asyncloader._plan import BatchPlan
 from asyncloader._procs import worker_specs
 from asyncloader._transport import TensorValue, WithArrays

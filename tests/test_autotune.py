@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from asyncloader import AsyncLoader, _autotune
-from asyncloader._autotune import CAP, HOLD_S, START, FetchTuner
+from asyncloader._autotune import HOLD_S, START, FetchTuner
 from asyncloader._base.window import Window
+from asyncloader._config.defaults import CAP
 from tests.helpers import Waiting
 from tests.helpers.contracts import check_bounded_window, check_exactly_once
 

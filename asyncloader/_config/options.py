@@ -25,13 +25,17 @@ from torch.utils.data import (
     default_convert,
 )
 
-from asyncloader._autosize import PREFETCH_CAP, PREFETCH_START, start_workers
-from asyncloader._autotune import CAP as AUTO_CAP
-from asyncloader._autotune import DEFAULT_BUDGET
 from asyncloader._base import validate as check
+from asyncloader._base.kinds import SourceKind, source_kind
 from asyncloader._base.ranks import resolve_ranks
-from asyncloader._rank_sampler import TAILS, RankSampler
-from asyncloader.sources import SourceKind, source_kind
+from asyncloader._config.defaults import CAP as AUTO_CAP
+from asyncloader._config.defaults import (
+    DEFAULT_BUDGET,
+    PREFETCH_CAP,
+    PREFETCH_START,
+    start_workers,
+)
+from asyncloader._config.rank_sampler import TAILS, RankSampler
 
 DEVICE_DEPTH = 2
 
@@ -80,7 +84,7 @@ class Options:
     on_error: str = "raise"
     max_skipped: int | None = None
     #: Partition each epoch across ranks and advance it on each iter() (rank and world_size
-    #: resolved from torch.distributed when not given; see asyncloader._rank_sampler).
+    #: resolved from torch.distributed when not given; see asyncloader._config.rank_sampler).
     distributed: bool = False
     rank: int | None = None
     world_size: int | None = None
