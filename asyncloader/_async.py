@@ -16,8 +16,8 @@ from asyncloader._base.skipping import EMPTY
 from asyncloader._base.threads import finalize_here
 from asyncloader._device import hand_over
 from asyncloader._epoch import Epoch
-from asyncloader._meter import now
-from asyncloader._stats import LoaderStats
+from asyncloader._tuning.meter import now
+from asyncloader._tuning.stats import LoaderStats
 
 
 class AsyncIterator:

@@ -40,8 +40,6 @@ from typing import Any, cast
 
 import torch
 
-from asyncloader._autosize import PrefetchTuner
-from asyncloader._autotune import FetchTuner
 from asyncloader._base.failure import Failure, unwrap_group
 from asyncloader._base.kinds import SourceKind
 from asyncloader._base.reorder import ReorderBuffer
@@ -56,13 +54,15 @@ from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._length import LengthCheck, ReportedLength
-from asyncloader._meter import EpochMeter, now
 from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
-from asyncloader._stats import LoaderStats
 from asyncloader._streams import worker_stream_batches
 from asyncloader._transform import Transformer, inline_plan
+from asyncloader._tuning.autosize import PrefetchTuner
+from asyncloader._tuning.io_limit import FetchTuner
+from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._tuning.stats import LoaderStats
 from asyncloader._workers import WorkerLease
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 

@@ -24,10 +24,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from asyncloader._autotune import FetchTuner
 from asyncloader._base.failure import Failure
 from asyncloader._base.skipping import Skip, Trimmed
-from asyncloader._meter import EpochMeter, now
+from asyncloader._tuning.io_limit import FetchTuner
+from asyncloader._tuning.meter import EpochMeter, now
 from asyncloader.errors import AsyncLoaderError
 
 Spawn = Callable[..., "asyncio.Task[None]"]

@@ -30,9 +30,9 @@ from asyncloader._base.structure import nbytes
 from asyncloader._base.threads import run_in_thread
 from asyncloader._base.window import Window
 from asyncloader._engine import Engine
-from asyncloader._meter import EpochMeter, now
 from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._transport import from_shared
+from asyncloader._tuning.meter import EpochMeter, now
 from asyncloader.errors import WorkerCrashedError
 
 #: Batches below this size that need only the default collate may be collated on the loop: a

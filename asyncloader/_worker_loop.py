@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from asyncloader._autotune import FetchTuner
 from asyncloader._base.failure import Failure
 from asyncloader._base.kinds import SourceKind
 from asyncloader._base.seeding import Seeds, call_seeded, seed_stream
@@ -34,6 +33,7 @@ from asyncloader._base.threads import loader_threads, new_event_loop
 from asyncloader._batches import sync_stream, take_async, take_sync
 from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._plan import BatchPlan, run_batch
+from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._worker import init_failure, setup_worker
 
 

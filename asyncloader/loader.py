@@ -15,8 +15,6 @@ import torch
 from torch.utils.data import Dataset
 
 from asyncloader._async import AsyncIterator
-from asyncloader._autosize import PrefetchTuner, WorkerTuner
-from asyncloader._autotune import FetchTuner
 from asyncloader._base.skipping import SKIP_LOG_LENGTH
 from asyncloader._base.source_state import source_state
 from asyncloader._base.threads import (
@@ -30,8 +28,6 @@ from asyncloader._config.options import Options
 from asyncloader._epoch import Epoch
 from asyncloader._layout import placed
 from asyncloader._length import ReportedLength
-from asyncloader._meter import now
-from asyncloader._report import Diagnosis, diagnose, render
 from asyncloader._start import capture_rng, start_epoch, tell_rank
 from asyncloader._state import (
     STATE_VERSION,
@@ -42,8 +38,12 @@ from asyncloader._state import (
     ranks_state,
     rebase,
 )
-from asyncloader._stats import LoaderStats
 from asyncloader._sync import LoopThread, SyncIterator
+from asyncloader._tuning.autosize import PrefetchTuner, WorkerTuner
+from asyncloader._tuning.io_limit import FetchTuner
+from asyncloader._tuning.meter import now
+from asyncloader._tuning.report import Diagnosis, diagnose, render
+from asyncloader._tuning.stats import LoaderStats
 from asyncloader._workers import Workers
 
 T_co = TypeVar("T_co", covariant=True)
@@ -107,7 +107,7 @@ class AsyncLoader(Generic[T_co]):
             without ``transform`` or ``collate_fn``); between epochs, one more when the last
             epoch was CPU-bound and that pays, one fewer when workers sat idle under a slow
             consumer, never above the cores nor ``memory_budget``
-            (:mod:`asyncloader._autosize`). Within an epoch the count never changes.
+            (:mod:`asyncloader._tuning.autosize`). Within an epoch the count never changes.
         collate_fn: Turns a list of samples into a batch; default ``default_collate``.
         pin_memory: Pin batches in page-locked memory, on the ``asyncloader-device`` thread
             (without CUDA: one warning, batches pass through).
@@ -145,7 +145,7 @@ class AsyncLoader(Generic[T_co]):
             its limit, up to 4096, to ``memory_budget`` and to half the files the process may
             still open (it steps back when a step does not pay, and probes again a second
             later, so it follows a change in latency); the window of batches follows it (see
-            :mod:`asyncloader._autotune`). An int fixes it. A sync ``__getitem__`` without
+            :mod:`asyncloader._tuning.io_limit`). An int fixes it. A sync ``__getitem__`` without
             workers is called ``fetch_threads`` at a time whatever this says.
         memory_budget: With an ``"auto"`` setting: bytes the samples in flight may hold
             (``io_concurrency``), and bytes the batches in the engine's window may grow to
@@ -418,7 +418,7 @@ class AsyncLoader(Generic[T_co]):
 
         The stage is one of ``consumer`` (the training step; the loader keeps up),
         ``device``, ``cpu`` (the workers), ``storage``, ``source``, or ``unknown`` before three
-        batches (the rules: :mod:`asyncloader._report`).
+        batches (the rules: :mod:`asyncloader._tuning.report`).
         """
         stats = self.stats
         return render(stats, diagnose(stats, self._epoch_options), max(self._epoch, 0))
@@ -459,7 +459,7 @@ class AsyncLoader(Generic[T_co]):
 
     def _next_epoch_options(self) -> Options:
         """The options of the epoch about to start: under ``num_workers="auto"``, with the
-        count the last epoch's measurements give (see :mod:`asyncloader._autosize`)."""
+        count the last epoch's measurements give (see :mod:`asyncloader._tuning.autosize`)."""
         tuner, last = self._worker_tuner, self._last
         if tuner is None:
             return self._options

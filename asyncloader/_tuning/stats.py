@@ -13,7 +13,7 @@ class LoaderStats:
 
     Times are seconds unless named ``_ms``; a figure of a stage the epoch does not have (no
     fetch on the loop, no device stage) is ``None``. Everything is measured in the training
-    process (see :mod:`asyncloader._meter`); with ``fetch_in_workers`` the samples' fetch is
+    process (see :mod:`asyncloader._tuning.meter`); with ``fetch_in_workers`` the samples' fetch is
     part of the engine's round trip.
 
     Attributes:

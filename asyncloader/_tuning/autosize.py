@@ -6,7 +6,7 @@ a fixed setting would and move on what the epoch measures, each by a hill climb 
 step only when it paid.
 
 Workers change **between epochs** (:class:`WorkerTuner`), on the epoch's bottleneck
-(:mod:`asyncloader._report`):
+(:mod:`asyncloader._tuning.report`):
 
 - The first epoch gets the usable cores (CPU affinity, divided among the ranks of this node
   under torchrun's ``LOCAL_WORLD_SIZE``), or 0 where the workers would only collate samples
@@ -39,10 +39,10 @@ largest size, which is at most ``Options.window`` (sized for ``PREFETCH_CAP``).
 
 from __future__ import annotations
 
-from asyncloader._autotune import GAIN
 from asyncloader._base.validate import available_cores
 from asyncloader._config.defaults import PREFETCH_CAP, PREFETCH_START
-from asyncloader._stats import LoaderStats
+from asyncloader._tuning.io_limit import GAIN
+from asyncloader._tuning.stats import LoaderStats
 
 MIN_ROUND = 8  # batches in a prefetch round at least
 HOLD_S = 1.0
