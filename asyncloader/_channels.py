@@ -7,7 +7,7 @@ on this machine), and one receiver thread waits on every connection, completes t
 futures, and when a worker dies fails every request still pending with
 ``BrokenProcessPool``, as a broken ``ProcessPoolExecutor`` does (the epoch then raises
 :class:`~asyncloader.errors.WorkerCrashedError` naming the worker, how it died and the
-batches it held). The worker's side is :func:`asyncloader._worker_loop.serve`.
+batches it held). The worker's side is :func:`asyncloader._worker.loop.serve`.
 
 A worker is dead once its connection closed and, where the worker has a sentinel (a process
 of this machine), once that sentinel fired.
@@ -25,7 +25,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from asyncloader._base.seeding import Seeds
-from asyncloader._worker_loop import StreamOpen
+from asyncloader._worker.protocol import StreamOpen
 
 _tokens = itertools.count()
 

@@ -15,11 +15,11 @@ from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 from asyncloader._base.seeding import Seeds
-from asyncloader._plan import BatchPlan, run_batch
+from asyncloader._worker.plan import BatchPlan, run_batch
 
 
 class Engine(Protocol):
-    """Runs :func:`asyncloader._plan.run_batch` for the batches of an epoch."""
+    """Runs :func:`asyncloader._worker.plan.run_batch` for the batches of an epoch."""
 
     def start(self) -> None:
         """Makes the engine ready for work (blocking: called off the event loop)."""
@@ -53,13 +53,13 @@ class WorkerEngine(Engine, Protocol):
 
     def next_stream(self, worker: int, opening: Any, number: int) -> Future[Any]:
         """Batch ``number`` of ``worker``'s own iteration of the epoch ``opening``
-        (a :class:`~asyncloader._worker_loop.StreamOpen`) starts: see
-        :meth:`asyncloader._worker_loop.WorkerCore.next_stream`."""
+        (a :class:`~asyncloader._worker.protocol.StreamOpen`) starts: see
+        :meth:`asyncloader._worker.loop.WorkerCore.next_stream`."""
 
     def open_stream(self, worker: int, opening: Any) -> Future[Any]:
         """Opens ``worker``'s iteration of the epoch ``opening`` starts; resolves to the
         source's own state right after: see
-        :meth:`asyncloader._worker_loop.WorkerCore.open_stream`."""
+        :meth:`asyncloader._worker.loop.WorkerCore.open_stream`."""
 
 
 class ExecutorEngine:

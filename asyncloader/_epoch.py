@@ -52,9 +52,7 @@ from asyncloader._batches import Batch, Made, map_batches, stream_batches
 from asyncloader._config.options import Options
 from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
-from asyncloader._fetch import Fetcher, fetch_then_run
 from asyncloader._length import LengthCheck, ReportedLength
-from asyncloader._plan import BatchPlan
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
 from asyncloader._streams import worker_stream_batches
@@ -63,6 +61,8 @@ from asyncloader._tuning.autosize import PrefetchTuner
 from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._tuning.meter import EpochMeter, now
 from asyncloader._tuning.stats import LoaderStats
+from asyncloader._worker.fetch import Fetcher, fetch_then_run
+from asyncloader._worker.plan import BatchPlan
 from asyncloader._workers import WorkerLease
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 

@@ -31,9 +31,9 @@ from asyncloader._base.compat import (
 )
 from asyncloader._base.seeding import Seeds
 from asyncloader._config.options import Options
-from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._start_method import check_start, default_mp_context
-from asyncloader._worker import Running, init_failure, init_worker
+from asyncloader._worker.plan import BatchPlan, run_batch
+from asyncloader._worker.startup import Running, init_failure, init_worker
 from asyncloader.errors import WorkerCrashedError
 
 SHUTDOWN_GRACE_S = 5.0

@@ -1,7 +1,7 @@
 """asyncloader's workers that fetch: processes with an event loop each, many batches in flight.
 
 The local :class:`~asyncloader._engine.Engine` of ``fetch_in_workers=True``. Each worker runs
-:func:`asyncloader._worker_loop.serve` and talks to the training process over a pipe of its
+:func:`asyncloader._worker.loop.serve` and talks to the training process over a pipe of its
 own, so one worker holds as many batches at once as its share of ``io_concurrency`` keeps
 busy (a ``ProcessPoolExecutor`` gives each worker one task at a time), and a request can go
 to a chosen worker (an iterable source's batches come from each worker's own iteration).
@@ -27,10 +27,11 @@ from typing import Any
 from asyncloader._base.compat import before_exit
 from asyncloader._channels import Channels
 from asyncloader._config.options import Options
-from asyncloader._plan import BatchPlan
 from asyncloader._pool import EXIT_GRACE_S, SHUTDOWN_GRACE_S, death_note, stop_processes
 from asyncloader._start_method import check_start, default_mp_context
-from asyncloader._worker_loop import WorkerConfig, WorkerSpec, serve
+from asyncloader._worker.loop import serve
+from asyncloader._worker.plan import BatchPlan
+from asyncloader._worker.protocol import WorkerConfig, WorkerSpec
 from asyncloader.errors import WorkerCrashedError
 
 _live: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()

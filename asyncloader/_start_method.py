@@ -32,7 +32,7 @@ from typing import Any
 from asyncloader._base.compat import caller_frames, start_fork_server
 from asyncloader._picklable import check_picklable
 
-_PRELOAD = ["__main__", "asyncloader._worker"]
+_PRELOAD = ["__main__", "asyncloader._worker.startup"]
 
 
 def default_mp_context() -> Any:

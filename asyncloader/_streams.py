@@ -36,7 +36,7 @@ from asyncloader._engine import WorkerEngine
 from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
 from asyncloader._state import fresh_state
-from asyncloader._worker_loop import LOST, SUPERSEDED, Ended, StreamOpen
+from asyncloader._worker.protocol import LOST, SUPERSEDED, Ended, StreamOpen
 from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 
 

@@ -1,6 +1,6 @@
 """Executor offload with a bounded in-flight window.
 
-One task per batch runs :func:`asyncloader._plan.run_batch` on the epoch's engine (fetch when
+One task per batch runs :func:`asyncloader._worker.plan.run_batch` on the epoch's engine (fetch when
 the engine holds the dataset, then transform and collate). At most ``window`` batches are in
 the engine at once, ``window`` the largest size the room ever had (``prefetch="auto"`` resizes
 it; see :class:`~asyncloader._base.window.Window`).
@@ -30,9 +30,9 @@ from asyncloader._base.structure import nbytes
 from asyncloader._base.threads import run_in_thread
 from asyncloader._base.window import Window
 from asyncloader._engine import Engine
-from asyncloader._plan import BatchPlan, run_batch
-from asyncloader._transport import from_shared
 from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._worker.plan import BatchPlan, run_batch
+from asyncloader._worker.transport import from_shared
 from asyncloader.errors import WorkerCrashedError
 
 #: Batches below this size that need only the default collate may be collated on the loop: a

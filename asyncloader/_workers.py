@@ -20,10 +20,10 @@ from typing import Any
 
 from asyncloader._base.threads import loops_parked, run_in_thread
 from asyncloader._config.options import Options
-from asyncloader._plan import BatchPlan
 from asyncloader._pool import ProcessPool
 from asyncloader._procs import WorkerGroup
 from asyncloader._start_method import default_mp_context, forks, prestart
+from asyncloader._worker.plan import BatchPlan
 
 #: The workers of an epoch: transforming (and calling a sync ``__getitem__``), or fetching too.
 Pool = ProcessPool | WorkerGroup

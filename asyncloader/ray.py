@@ -1,7 +1,7 @@
 """Workers on a Ray cluster: ``AsyncLoader(dataset, ..., engine=RayEngine(num_workers=N))``.
 
 Each worker is a Ray actor running the same pipeline as a local ``fetch_in_workers=True``
-worker (:class:`asyncloader._worker_loop.WorkerCore` on the actor's event loop): it fetches,
+worker (:class:`asyncloader._worker.loop.WorkerCore` on the actor's event loop): it fetches,
 transforms and collates the batches it is given, or iterates its own copy of an iterable
 source. The dataset, ``transform`` and ``collate_fn`` reach each actor once, when it starts;
 a request carries only indices.
@@ -61,11 +61,12 @@ from asyncloader._base.seeding import Seeds
 from asyncloader._base.skipping import Trimmed
 from asyncloader._base.structure import DESCEND, map_structure
 from asyncloader._config.options import Options
-from asyncloader._plan import BatchPlan
 from asyncloader._procs import worker_specs
-from asyncloader._transport import TensorValue, WithArrays
-from asyncloader._worker import init_failure, setup_worker
-from asyncloader._worker_loop import StreamOpen, WorkerCore, WorkerSpec
+from asyncloader._worker.loop import WorkerCore
+from asyncloader._worker.plan import BatchPlan
+from asyncloader._worker.protocol import StreamOpen, WorkerSpec
+from asyncloader._worker.startup import init_failure, setup_worker
+from asyncloader._worker.transport import TensorValue, WithArrays
 from asyncloader.errors import WorkerCrashedError
 
 __all__ = ["RayEngine"]

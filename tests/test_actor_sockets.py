@@ -16,8 +16,8 @@ import pytest
 
 from asyncloader import AsyncLoader, _actor_sockets
 from asyncloader._actor_sockets import ActorSockets, accept, connect_actor, listening
-from asyncloader._plan import BatchPlan
 from asyncloader._procs import worker_specs
+from asyncloader._worker.plan import BatchPlan
 from tests.helpers import SyncSource
 
 

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 
 from asyncloader._base.failure import Failure
-from asyncloader._fetch import Fetcher
+from asyncloader._worker.fetch import Fetcher
 from asyncloader.errors import AsyncLoaderError
 
 

@@ -3,7 +3,7 @@
 :class:`WorkerCore` is the work of one worker whatever carries its messages: the local
 engine's pipe (:func:`serve`, the main function of each worker process of
 :class:`asyncloader._procs.WorkerGroup`) or a Ray actor (:mod:`asyncloader.ray`). On the
-worker's event loop (uvloop when installed) a :class:`~asyncloader._fetch.Fetcher` fetches
+worker's event loop (uvloop when installed) a :class:`~asyncloader._worker.fetch.Fetcher` fetches
 the samples of every batch the worker holds, at most ``io_limit`` at once; CPU work (a sync
 ``__getitem__``, ``transform``, ``collate_fn``, the move into shared memory) runs on one
 compute thread, so the loop goes on fetching meanwhile.
@@ -27,70 +27,22 @@ from typing import Any
 
 from asyncloader._base.failure import Failure
 from asyncloader._base.kinds import SourceKind
+from asyncloader._base.pull import sync_stream, take_async, take_sync
 from asyncloader._base.seeding import Seeds, call_seeded, seed_stream
 from asyncloader._base.source_state import source_state
 from asyncloader._base.threads import loader_threads, new_event_loop
-from asyncloader._batches import sync_stream, take_async, take_sync
-from asyncloader._fetch import Fetcher, fetch_then_run
-from asyncloader._plan import BatchPlan, run_batch
 from asyncloader._tuning.io_limit import FetchTuner
-from asyncloader._worker import init_failure, setup_worker
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Ended:
-    """What :meth:`WorkerCore.next_stream` answers once the worker's iteration has ended,
-    with the source's own state then (``None`` when it keeps none): a dataset that counts
-    its epochs, say, goes on from there in the next epoch of a resumed loader."""
-
-    state: Any
-
-
-#: What it answers for an iteration it never opened: a worker restarted since (a Ray actor
-#: with ``max_restarts``) has lost its place in the source.
-LOST = "lost"
-#: What it answers for an older epoch's iteration once a newer epoch began one (persistent
-#: workers iterate one epoch at a time, as DataLoader's do).
-SUPERSEDED = "superseded"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """What every worker of a loader needs besides its plan (from the loader's options)."""
-
-    kind: SourceKind
-    io_limit: int  # samples this worker fetches at once (at most, with io_budget)
-    fetch_threads: int
-    batch_size: int | None
-    drop_last: bool
-    loader_name: str
-    io_budget: int | None = None  # io_concurrency="auto": this worker's memory_budget share
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerSpec:
-    """Everything one fetching worker is started with (sent once, at its start)."""
-
-    worker_id: int
-    num_workers: int
-    base_seed: int
-    plan: BatchPlan
-    worker_init_fn: Any
-    config: WorkerConfig
-
-
-@dataclasses.dataclass(slots=True)
-class StreamOpen:
-    """The start of one epoch's iteration in a worker: seed, and where to continue."""
-
-    token: int
-    seed: int
-    delivered: int  # batches of this worker the consumer already has
-    state: Any  # the source's own state after those batches, or None (then replayed)
-    epoch: int | None = None  # distributed=True: told to the source's set_epoch first
-    #: The epoch is resumed mid-way (a worker that delivered nothing yet may hold a state of
-    #: it: one moved from another world size), so ``state`` is loaded after ``set_epoch``.
-    resumed: bool = False
+from asyncloader._worker.fetch import Fetcher, fetch_then_run
+from asyncloader._worker.plan import BatchPlan, run_batch
+from asyncloader._worker.protocol import (
+    LOST,
+    SUPERSEDED,
+    Ended,
+    StreamOpen,
+    WorkerConfig,
+    WorkerSpec,
+)
+from asyncloader._worker.startup import init_failure, setup_worker
 
 
 class _Stream:

@@ -1,7 +1,7 @@
 """Start-up and identity of an asyncloader worker process.
 
 :func:`init_worker` is the initializer of each pool process: it takes the next worker id, seeds
-the RNGs, keeps the :class:`~asyncloader._plan.BatchPlan` it was sent once, and calls the
+the RNGs, keeps the :class:`~asyncloader._worker.plan.BatchPlan` it was sent once, and calls the
 user's ``worker_init_fn``. Each worker also writes which batch it is running into an array
 shared with the parent (:class:`Running`), so a crash can be reported with the batch it held.
 """
@@ -19,11 +19,11 @@ from asyncloader._base.compat import set_torch_worker_info
 from asyncloader._base.failure import Failure
 from asyncloader._base.seeding import leave_seeding_to_user, rng_states, seed_all
 from asyncloader._base.worker_info import WorkerInfo, get_worker_info, set_worker_info
-from asyncloader._malloc import keep_freed_memory
-from asyncloader._orphans import watch_parent
+from asyncloader._worker.allocator import keep_freed_memory
+from asyncloader._worker.orphans import watch_parent
 
 if TYPE_CHECKING:
-    from asyncloader._plan import BatchPlan
+    from asyncloader._worker.plan import BatchPlan
 
 
 class Running:
@@ -99,9 +99,9 @@ def setup_worker(
     """Makes this process worker ``worker_id``: seeds, keeps the plan, calls the hook.
 
     First of all it makes the worker exit once ``owner_pid`` (the training process) has exited
-    (:mod:`asyncloader._orphans`; ``None``: the worker's lifetime is someone else's, a Ray
+    (:mod:`asyncloader._worker.orphans`; ``None``: the worker's lifetime is someone else's, a Ray
     actor's). It also makes malloc keep a batch's freed samples for the next batch
-    (:func:`asyncloader._malloc.keep_freed_memory`).
+    (:func:`asyncloader._worker.allocator.keep_freed_memory`).
     """
     global _plan, _init_failure, _sharing
     if owner_pid is not None:

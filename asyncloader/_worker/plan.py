@@ -18,8 +18,8 @@ from asyncloader._base.failure import Failure
 from asyncloader._base.seeding import Seeds, call_seeded
 from asyncloader._base.skipping import Skip, Trimmed
 from asyncloader._base.worker_info import get_worker_info
-from asyncloader._transport import by_value, to_shared
-from asyncloader._worker import init_failure, mark_running, shares_batches, worker_plan
+from asyncloader._worker.startup import init_failure, mark_running, shares_batches, worker_plan
+from asyncloader._worker.transport import by_value, to_shared
 
 if TYPE_CHECKING:
     from asyncloader._config.options import Options
