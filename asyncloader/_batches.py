@@ -15,11 +15,11 @@ from typing import Any
 
 from asyncloader._base.pull import sync_stream, take_async, take_sync
 from asyncloader._base.source_state import source_state
+from asyncloader._checkpoint.progress import Progress
+from asyncloader._checkpoint.state import Resume
 from asyncloader._claims import Claim
 from asyncloader._config.options import Options
 from asyncloader._heavy import PullMeter
-from asyncloader._progress import Progress
-from asyncloader._state import Resume
 
 
 class Made:

@@ -49,11 +49,11 @@ from asyncloader._base.structure import nbytes
 from asyncloader._base.threads import loader_threads, loop_registered, run_in_thread
 from asyncloader._base.window import Window
 from asyncloader._batches import Batch, Made, map_batches, stream_batches
+from asyncloader._checkpoint.progress import Progress
 from asyncloader._config.options import Options
 from asyncloader._device import DeviceStage
 from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._length import LengthCheck, ReportedLength
-from asyncloader._progress import Progress
 from asyncloader._start import EpochStart
 from asyncloader._streams import worker_stream_batches
 from asyncloader._transform import Transformer, inline_plan

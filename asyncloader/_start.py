@@ -19,10 +19,16 @@ import torch
 from asyncloader._base.kinds import SourceKind
 from asyncloader._base.seeding import draw_seed
 from asyncloader._base.source_state import source_state
+from asyncloader._checkpoint.state import (
+    Resume,
+    decode_rng,
+    fresh_state,
+    resume_point,
+    warn_replayed,
+)
 from asyncloader._claims import Claim, claim_for
 from asyncloader._config.options import Options
 from asyncloader._config.rank_sampler import Cut
-from asyncloader._state import Resume, decode_rng, fresh_state, resume_point, warn_replayed
 
 
 @dataclass(frozen=True, slots=True)

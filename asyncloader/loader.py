@@ -24,12 +24,8 @@ from asyncloader._base.threads import (
     unsafe_to_wait,
 )
 from asyncloader._base.validate import check_int, dataloader_spellings, warn_many_workers
-from asyncloader._config.options import Options
-from asyncloader._epoch import Epoch
-from asyncloader._layout import placed
-from asyncloader._length import ReportedLength
-from asyncloader._start import capture_rng, start_epoch, tell_rank
-from asyncloader._state import (
+from asyncloader._checkpoint.layout import placed
+from asyncloader._checkpoint.state import (
     STATE_VERSION,
     check_state,
     encode_rng,
@@ -38,6 +34,10 @@ from asyncloader._state import (
     ranks_state,
     rebase,
 )
+from asyncloader._config.options import Options
+from asyncloader._epoch import Epoch
+from asyncloader._length import ReportedLength
+from asyncloader._start import capture_rng, start_epoch, tell_rank
 from asyncloader._sync import LoopThread, SyncIterator
 from asyncloader._tuning.autosize import PrefetchTuner, WorkerTuner
 from asyncloader._tuning.io_limit import FetchTuner
@@ -477,7 +477,7 @@ class AsyncLoader(Generic[T_co]):
         before the first batch not delivered. Batches in flight are not part of it: they are
         fetched again on resume. The source's own state sits where ``StatefulDataLoader``
         puts it: ``dataset_state`` and ``fetcher_state``, or per worker in
-        ``_snapshot["_worker_snapshots"]["worker_<i>"]`` (see :mod:`asyncloader._layout`).
+        ``_snapshot["_worker_snapshots"]["worker_<i>"]`` (see :mod:`asyncloader._checkpoint.layout`).
 
         Between epochs (before the first, after one ended) it names the next epoch, the RNG
         state its shuffle will draw from (the ``generator``'s, or torch's global one) and the

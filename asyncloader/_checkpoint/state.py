@@ -22,13 +22,13 @@ from typing import Any
 import torch
 
 from asyncloader._base.ranks import resolve_ranks
+from asyncloader._checkpoint.layout import SOURCE_KEYS, placed, taken
 from asyncloader._config.options import Options
 from asyncloader._config.rank_sampler import Cut, per_rank, remainder_len
-from asyncloader._layout import SOURCE_KEYS, placed, taken
 
 #: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder;
 #: for an iterable source, the world size only: it keeps its position itself);
-#: 4 moved ``source_state`` to StatefulDataLoader's places (:mod:`asyncloader._layout`).
+#: 4 moved ``source_state`` to StatefulDataLoader's places (:mod:`asyncloader._checkpoint.layout`).
 STATE_VERSION = 4
 _READABLE = (2, 3, 4)
 

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncloader._state import Resume
+from asyncloader._checkpoint.state import Resume
 
 
 @dataclass
