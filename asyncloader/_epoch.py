@@ -52,7 +52,8 @@ from asyncloader._batches import Batch, Made, map_batches, stream_batches
 from asyncloader._checkpoint.progress import Progress
 from asyncloader._config.options import Options
 from asyncloader._device import DeviceStage
-from asyncloader._engine import Engine, ExecutorEngine, WorkerEngine
+from asyncloader._engines.engine import Engine, ExecutorEngine, WorkerEngine
+from asyncloader._engines.lifetime import WorkerLease
 from asyncloader._length import LengthCheck, ReportedLength
 from asyncloader._start import EpochStart
 from asyncloader._streams import worker_stream_batches
@@ -63,7 +64,6 @@ from asyncloader._tuning.meter import EpochMeter, now
 from asyncloader._tuning.stats import LoaderStats
 from asyncloader._worker.fetch import Fetcher, fetch_then_run
 from asyncloader._worker.plan import BatchPlan
-from asyncloader._workers import WorkerLease
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 
 #: The longest ``state_dict()`` waits for the workers to open their iterations of the source

@@ -29,7 +29,7 @@ from asyncloader._base.skipping import Trimmed
 from asyncloader._base.structure import nbytes
 from asyncloader._base.threads import run_in_thread
 from asyncloader._base.window import Window
-from asyncloader._engine import Engine
+from asyncloader._engines.engine import Engine
 from asyncloader._tuning.meter import EpochMeter, now
 from asyncloader._worker.plan import BatchPlan, run_batch
 from asyncloader._worker.transport import from_shared

@@ -35,6 +35,7 @@ from asyncloader._checkpoint.state import (
     rebase,
 )
 from asyncloader._config.options import Options
+from asyncloader._engines.lifetime import Workers
 from asyncloader._epoch import Epoch
 from asyncloader._length import ReportedLength
 from asyncloader._start import capture_rng, start_epoch, tell_rank
@@ -44,7 +45,6 @@ from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._tuning.meter import now
 from asyncloader._tuning.report import Diagnosis, diagnose, render
 from asyncloader._tuning.stats import LoaderStats
-from asyncloader._workers import Workers
 
 T_co = TypeVar("T_co", covariant=True)
 

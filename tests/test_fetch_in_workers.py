@@ -197,7 +197,7 @@ def epoch_of(loader: AsyncLoader) -> list[tuple[int, int]]:
 
 
 def _core(restarted: bool):
-    from asyncloader._procs import worker_config
+    from asyncloader._engines.fetching_workers import worker_config
     from asyncloader._worker.loop import WorkerCore
     from asyncloader._worker.plan import BatchPlan
 

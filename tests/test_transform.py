@@ -70,7 +70,7 @@ class RecordingSource:
 
 def collate_threads(monkeypatch, loader) -> tuple[list, set[str]]:
     """Runs one epoch; returns its batches and the names of the threads that collated."""
-    import asyncloader._engine as engine
+    import asyncloader._engines.engine as engine
     import asyncloader._transform as transform
 
     names: set[str] = set()

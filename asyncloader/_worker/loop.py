@@ -2,7 +2,7 @@
 
 :class:`WorkerCore` is the work of one worker whatever carries its messages: the local
 engine's pipe (:func:`serve`, the main function of each worker process of
-:class:`asyncloader._procs.WorkerGroup`) or a Ray actor (:mod:`asyncloader.ray`). On the
+:class:`asyncloader._engines.fetching_workers.WorkerGroup`) or a Ray actor (:mod:`asyncloader.ray`). On the
 worker's event loop (uvloop when installed) a :class:`~asyncloader._worker.fetch.Fetcher` fetches
 the samples of every batch the worker holds, at most ``io_limit`` at once; CPU work (a sync
 ``__getitem__``, ``transform``, ``collate_fn``, the move into shared memory) runs on one
@@ -304,7 +304,7 @@ class WorkerCore:
 
 
 def serve(conn: Any, owner_pid: int, spec: WorkerSpec) -> None:
-    """Main function of a :class:`~asyncloader._procs.WorkerGroup` worker process: sets the
+    """Main function of a :class:`~asyncloader._engines.fetching_workers.WorkerGroup` worker process: sets the
     process up as worker ``spec.worker_id``, then :func:`serve_on` ``conn``."""
     setup_worker(
         owner_pid, spec.worker_id, spec.num_workers, spec.base_seed, spec.plan, spec.worker_init_fn
@@ -315,7 +315,7 @@ def serve(conn: Any, owner_pid: int, spec: WorkerSpec) -> None:
 def serve_on(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
     """Answers the requests that come over ``conn`` until told to stop, on an event loop of
     its own, in a process set up as a worker already (by :func:`serve`; or a Ray actor of this
-    machine, on a thread of its own: :mod:`asyncloader._actor_sockets`).
+    machine, on a thread of its own: :mod:`asyncloader._engines.ray.sockets`).
 
     Messages in (tuples over ``conn``): ``("batch", key, seq, indices, samples, seeds)``,
     ``("next", key, StreamOpen, number)``, ``("open", key, StreamOpen)``, ``("stop",)``.

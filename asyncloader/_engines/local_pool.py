@@ -1,6 +1,6 @@
 """asyncloader's own worker processes: a ProcessPoolExecutor whose workers get the plan once.
 
-The local :class:`~asyncloader._engine.Engine`: a batch task carries only ``(seq, indices)``
+The local :class:`~asyncloader._engines.engine.Engine`: a batch task carries only ``(seq, indices)``
 or the samples fetched on the loop, the plan having reached each worker through the
 initializer.
 
@@ -31,7 +31,7 @@ from asyncloader._base.compat import (
 )
 from asyncloader._base.seeding import Seeds
 from asyncloader._config.options import Options
-from asyncloader._start_method import check_start, default_mp_context
+from asyncloader._engines.start_method import check_start, default_mp_context
 from asyncloader._worker.plan import BatchPlan, run_batch
 from asyncloader._worker.startup import Running, init_failure, init_worker
 from asyncloader.errors import WorkerCrashedError
@@ -88,7 +88,7 @@ class ProcessPool:
 
     Raises:
         RuntimeError: Starting workers with ``ctx`` would re-run an unguarded main script
-            (see :func:`asyncloader._start_method.check_start`).
+            (see :func:`asyncloader._engines.start_method.check_start`).
         TypeError: Workers started with ``ctx`` could not receive the plan.
     """
 

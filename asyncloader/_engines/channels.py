@@ -1,6 +1,6 @@
 """Requests to fetching workers and their answers, over one connection per worker.
 
-The part of a :class:`~asyncloader._engine.WorkerEngine` that does not depend on how its
+The part of a :class:`~asyncloader._engines.engine.WorkerEngine` that does not depend on how its
 workers were started: :class:`Channels` sends each request down the chosen worker's
 connection (a ``multiprocessing`` pipe to a local worker process, a Unix socket to a Ray actor
 on this machine), and one receiver thread waits on every connection, completes the request

@@ -1,19 +1,19 @@
 """asyncloader's workers that fetch: processes with an event loop each, many batches in flight.
 
-The local :class:`~asyncloader._engine.Engine` of ``fetch_in_workers=True``. Each worker runs
+The local :class:`~asyncloader._engines.engine.Engine` of ``fetch_in_workers=True``. Each worker runs
 :func:`asyncloader._worker.loop.serve` and talks to the training process over a pipe of its
 own, so one worker holds as many batches at once as its share of ``io_concurrency`` keeps
 busy (a ``ProcessPoolExecutor`` gives each worker one task at a time), and a request can go
 to a chosen worker (an iterable source's batches come from each worker's own iteration).
 
-Requests and answers travel as :class:`~asyncloader._channels.Channels` sends them: a batch
+Requests and answers travel as :class:`~asyncloader._engines.channels.Channels` sends them: a batch
 goes to the worker holding the fewest, and one receiver thread waits on every pipe and every
 process sentinel; when a worker dies every request still pending fails, and the epoch raises
 :class:`~asyncloader.errors.WorkerCrashedError` naming the worker, how it died (DataLoader's
 words, the signal's name) and the batches it held.
 
 Start-up and shutdown are blocking and run off the event loop, with
-:class:`~asyncloader._pool.ProcessPool`'s rules: stop, grace, terminate, kill, join.
+:class:`~asyncloader._engines.local_pool.ProcessPool`'s rules: stop, grace, terminate, kill, join.
 """
 
 from __future__ import annotations
@@ -25,10 +25,15 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from asyncloader._base.compat import before_exit
-from asyncloader._channels import Channels
 from asyncloader._config.options import Options
-from asyncloader._pool import EXIT_GRACE_S, SHUTDOWN_GRACE_S, death_note, stop_processes
-from asyncloader._start_method import check_start, default_mp_context
+from asyncloader._engines.channels import Channels
+from asyncloader._engines.local_pool import (
+    EXIT_GRACE_S,
+    SHUTDOWN_GRACE_S,
+    death_note,
+    stop_processes,
+)
+from asyncloader._engines.start_method import check_start, default_mp_context
 from asyncloader._worker.loop import serve
 from asyncloader._worker.plan import BatchPlan
 from asyncloader._worker.protocol import WorkerConfig, WorkerSpec

@@ -16,7 +16,7 @@ are yours to keep safe, exactly as under DataLoader, which forks the same way.
 Start methods that pickle (spawn, forkserver) re-import the main script in every worker: a
 script that starts workers from top-level code, without ``if __name__ == "__main__":``, would
 run again there, so :func:`check_start` refuses it at once, naming the fix. It also refuses,
-before any process starts, what the workers could not receive (:mod:`asyncloader._picklable`).
+before any process starts, what the workers could not receive (:mod:`asyncloader._engines.picklable`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from asyncloader._base.compat import caller_frames, start_fork_server
-from asyncloader._picklable import check_picklable
+from asyncloader._engines.picklable import check_picklable
 
 _PRELOAD = ["__main__", "asyncloader._worker.startup"]
 
@@ -73,7 +73,7 @@ def check_start(ctx: Any, sent: Mapping[str, Any]) -> None:
         RuntimeError: ``ctx`` is not fork, and the loader is iterated from the main script's
             top-level code outside ``if __name__ == "__main__":``.
         TypeError: ``ctx`` is not fork, and one of ``sent`` cannot be pickled, or unpickled in
-            a fresh process (see :func:`asyncloader._picklable.check_picklable`).
+            a fresh process (see :func:`asyncloader._engines.picklable.check_picklable`).
     """
     if forks(ctx):
         return

@@ -5,7 +5,7 @@ return a batch. The training process listens on a Unix socket in a private tempo
 (mode 0700, so only this user's processes can connect); each actor connects
 (:func:`connect_actor`) and answers on a thread of its own with the local workers' loop
 (:func:`asyncloader._worker.loop.serve_on`). From then on requests and answers travel as they
-do to a local ``fetch_in_workers`` worker (:class:`~asyncloader._channels.Channels`): a
+do to a local ``fetch_in_workers`` worker (:class:`~asyncloader._engines.channels.Channels`): a
 batch is pickled once into the socket and once out of it, with no object-store put, no get,
 and no copy to make it writable. The socket's file and folder are removed once every actor
 has connected.
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from asyncloader._channels import Channels
+from asyncloader._engines.channels import Channels
 from asyncloader._worker.loop import serve_on
 
 #: Seconds to wait for an actor that said it connected to be accepted and send its hello.

@@ -8,7 +8,7 @@ and, on exit, shuts down the pool if the epoch owned it.
 
 Forked workers (the default on Linux before Python 3.14, as DataLoader's) are forked at once,
 on the consumer's thread at ``iter()``, with asyncloader's event loops parked
-(:mod:`asyncloader._start_method`): in every epoch, for every loader, whatever threads run.
+(:mod:`asyncloader._engines.start_method`): in every epoch, for every loader, whatever threads run.
 Workers of a start method that pickles start on a helper thread, off the event loop.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 
 from asyncloader._base.threads import loops_parked, run_in_thread
 from asyncloader._config.options import Options
-from asyncloader._pool import ProcessPool
-from asyncloader._procs import WorkerGroup
-from asyncloader._start_method import default_mp_context, forks, prestart
+from asyncloader._engines.fetching_workers import WorkerGroup
+from asyncloader._engines.local_pool import ProcessPool
+from asyncloader._engines.start_method import default_mp_context, forks, prestart
 from asyncloader._worker.plan import BatchPlan
 
 #: The workers of an epoch: transforming (and calling a sync ``__getitem__``), or fetching too.
