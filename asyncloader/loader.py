@@ -14,7 +14,6 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 from torch.utils.data import Dataset
 
-from asyncloader._async import AsyncIterator
 from asyncloader._base.skipping import SKIP_LOG_LENGTH
 from asyncloader._base.source_state import source_state
 from asyncloader._base.threads import (
@@ -36,10 +35,11 @@ from asyncloader._checkpoint.state import (
 )
 from asyncloader._config.options import Options
 from asyncloader._engines.lifetime import Workers
-from asyncloader._epoch import Epoch
-from asyncloader._length import ReportedLength
-from asyncloader._start import capture_rng, start_epoch, tell_rank
-from asyncloader._sync import LoopThread, SyncIterator
+from asyncloader._pipeline.async_iterator import AsyncIterator
+from asyncloader._pipeline.epoch import Epoch
+from asyncloader._pipeline.epoch_start import capture_rng, start_epoch, tell_rank
+from asyncloader._pipeline.length import ReportedLength
+from asyncloader._pipeline.sync_iterator import LoopThread, SyncIterator
 from asyncloader._tuning.autosize import PrefetchTuner, WorkerTuner
 from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._tuning.meter import now

@@ -44,7 +44,7 @@ class Engine(Protocol):
 
 class WorkerEngine(Engine, Protocol):
     """An engine of ``num_workers`` addressable workers that fetch, and iterate an iterable
-    source each (see :mod:`asyncloader._streams`)."""
+    source each (see :mod:`asyncloader._pipeline.worker_streams`)."""
 
     num_workers: int
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from asyncloader._base.skipping import EMPTY
 from asyncloader._base.threads import finalize_here
-from asyncloader._device import hand_over
-from asyncloader._epoch import Epoch
+from asyncloader._pipeline.device import hand_over
+from asyncloader._pipeline.epoch import Epoch
 from asyncloader._tuning.meter import now
 from asyncloader._tuning.stats import LoaderStats
 

@@ -17,9 +17,9 @@ from asyncloader._base.pull import sync_stream, take_async, take_sync
 from asyncloader._base.source_state import source_state
 from asyncloader._checkpoint.progress import Progress
 from asyncloader._checkpoint.state import Resume
-from asyncloader._claims import Claim
 from asyncloader._config.options import Options
-from asyncloader._heavy import PullMeter
+from asyncloader._pipeline.claims import Claim
+from asyncloader._pipeline.heavy_source import PullMeter
 
 
 class Made:
@@ -67,7 +67,7 @@ async def stream_batches(
     Args:
         iterator: What the source's ``__iter__`` (``__aiter__``) returned.
         claim: ``(claim, token)`` when ``iterator`` is the dataset itself: each pull first
-            checks that no newer epoch took the object over (:mod:`asyncloader._claims`).
+            checks that no newer epoch took the object over (:mod:`asyncloader._pipeline.claims`).
         first_seq: The seq of the next batch the source will give (``resume.start`` when the
             source restored its own state, else 0 and earlier batches are pulled and dropped).
         progress: Told the source's own state before each batch, when the source keeps one.

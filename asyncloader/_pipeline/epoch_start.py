@@ -26,9 +26,9 @@ from asyncloader._checkpoint.state import (
     resume_point,
     warn_replayed,
 )
-from asyncloader._claims import Claim, claim_for
 from asyncloader._config.options import Options
 from asyncloader._config.rank_sampler import Cut
+from asyncloader._pipeline.claims import Claim, claim_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class EpochStart:
         source_iter: The iterator (or async iterator) of an iterable source, made by its
             ``__iter__`` (``__aiter__``) here, on the consumer's thread, as DataLoader does.
         claim: ``(claim, token)`` when ``source_iter`` is the dataset itself: pulls check
-            that this epoch still owns it (see :mod:`asyncloader._claims`).
+            that this epoch still owns it (see :mod:`asyncloader._pipeline.claims`).
         first_seq: The seq of the first batch an iterable source will give: ``resume.start``
             when the source restored its own state, else 0 (earlier batches are then pulled
             and dropped).
@@ -174,7 +174,7 @@ def _start_source(
     dataset, saved = options.dataset, resume.source_state or {}
     if options.kind.is_map:
         return None, None, 0, None
-    if options.worker_streams:  # iterated in the workers (see asyncloader._streams)
+    if options.worker_streams:  # iterated in the workers (see asyncloader._pipeline.worker_streams)
         merge = resume.source_state or fresh_state(options.num_workers)
         return None, None, resume.start, (resume.start, merge)
     claim, token = claim_for(dataset), object()

@@ -48,16 +48,16 @@ from asyncloader._base.skipping import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimm
 from asyncloader._base.structure import nbytes
 from asyncloader._base.threads import loader_threads, loop_registered, run_in_thread
 from asyncloader._base.window import Window
-from asyncloader._batches import Batch, Made, map_batches, stream_batches
 from asyncloader._checkpoint.progress import Progress
 from asyncloader._config.options import Options
-from asyncloader._device import DeviceStage
 from asyncloader._engines.engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._engines.lifetime import WorkerLease
-from asyncloader._length import LengthCheck, ReportedLength
-from asyncloader._start import EpochStart
-from asyncloader._streams import worker_stream_batches
-from asyncloader._transform import Transformer, inline_plan
+from asyncloader._pipeline.batches import Batch, Made, map_batches, stream_batches
+from asyncloader._pipeline.device import DeviceStage
+from asyncloader._pipeline.epoch_start import EpochStart
+from asyncloader._pipeline.length import LengthCheck, ReportedLength
+from asyncloader._pipeline.transform import Transformer, inline_plan
+from asyncloader._pipeline.worker_streams import worker_stream_batches
 from asyncloader._tuning.autosize import PrefetchTuner
 from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._tuning.meter import EpochMeter, now
@@ -94,7 +94,7 @@ class Epoch:
         tuner: ``io_concurrency="auto"``: the loader's fetch tuner, kept across its epochs.
         prefetch_tuner: ``prefetch="auto"``: the loader's, kept across its epochs.
         reported_len: What ``len(loader)`` answered before the epoch, for an iterable
-            source: each batch past it warns (:class:`~asyncloader._length.LengthCheck`).
+            source: each batch past it warns (:class:`~asyncloader._pipeline.length.LengthCheck`).
     """
 
     def __init__(

@@ -30,12 +30,12 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from asyncloader._batches import Batch, Made
 from asyncloader._checkpoint.progress import Progress
 from asyncloader._checkpoint.state import fresh_state
 from asyncloader._config.options import Options
 from asyncloader._engines.engine import WorkerEngine
-from asyncloader._start import EpochStart
+from asyncloader._pipeline.batches import Batch, Made
+from asyncloader._pipeline.epoch_start import EpochStart
 from asyncloader._worker.protocol import LOST, SUPERSEDED, Ended, StreamOpen
 from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 
