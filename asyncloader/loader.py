@@ -477,7 +477,8 @@ class AsyncLoader(Generic[T_co]):
         before the first batch not delivered. Batches in flight are not part of it: they are
         fetched again on resume. The source's own state sits where ``StatefulDataLoader``
         puts it: ``dataset_state`` and ``fetcher_state``, or per worker in
-        ``_snapshot["_worker_snapshots"]["worker_<i>"]`` (see :mod:`asyncloader._checkpoint.layout`).
+        ``_snapshot["_worker_snapshots"]["worker_<i>"]`` (see
+        :mod:`asyncloader._checkpoint.layout`).
 
         Between epochs (before the first, after one ended) it names the next epoch, the RNG
         state its shuffle will draw from (the ``generator``'s, or torch's global one) and the

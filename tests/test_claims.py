@@ -1,4 +1,5 @@
-"""The registry of claims on datasets that are their own iterators (``asyncloader._pipeline.claims``)."""
+"""The registry of claims on datasets that are their own iterators
+(``asyncloader._pipeline.claims``)."""
 
 import subprocess
 import sys

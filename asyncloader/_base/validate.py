@@ -1,7 +1,8 @@
 """The checks of AsyncLoader's arguments: each a few lines, each raising DataLoader's exception
 type where DataLoader has the argument, with a message that names it.
 
-Called once, from :class:`asyncloader._config.options.Options`, in the constructor: a mistake fails at
+Called once, from :class:`asyncloader._config.options.Options`, in the constructor: a mistake fails
+at
 the line that made it rather than at the first batch.
 """
 

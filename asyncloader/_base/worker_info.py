@@ -1,6 +1,6 @@
 """Which asyncloader worker process the calling code runs in: :func:`get_worker_info`.
 
-Set once by a worker's start-up (:mod:`asyncloader._worker.startup.startup`) and read anywhere, sources
+Set once by a worker's start-up (:mod:`asyncloader._worker.startup`) and read anywhere, sources
 included, so it sits at the bottom of the package.
 """
 

@@ -1,8 +1,10 @@
 """Where a source's own state sits in a saved state: the places StatefulDataLoader gives it.
 
-Inside asyncloader a source's own state is one value (:func:`asyncloader._base.source_state.source_state`:
+Inside asyncloader a source's own state is one value
+(:func:`asyncloader._base.source_state.source_state`:
 ``{"dataset", "iterator"}``; for workers iterating their own copies, the merge state of
-:mod:`asyncloader._pipeline.worker_streams`: ``{"per_worker": [...], "next"}``). A saved state (version 4)
+:mod:`asyncloader._pipeline.worker_streams`: ``{"per_worker": [...], "next"}``). A saved state
+(version 4)
 puts it where torchdata's ``StatefulDataLoader`` does, so that code reading a dataset's state
 out of a checkpoint works with either loader::
 

@@ -117,7 +117,8 @@ class Progress:
                     del self._states[old]
 
     def checkpoint(self) -> dict[str, Any]:
-        """What the consumer has received of this epoch, JSON-friendly (see ``_state``)."""
+        """What the consumer has received of this epoch, JSON-friendly (see
+        ``_checkpoint.state``)."""
         with self._lock:
             cursor = self._cursor
             source_state = None if self._states is None else self._states.get(cursor.next)

@@ -44,7 +44,8 @@ class Resume:
 
 def fresh_state(num_workers: int) -> dict[str, Any]:
     """The state of an iterable source run in ``num_workers`` workers before its first batch
-    (see :mod:`asyncloader._pipeline.worker_streams`): per worker, the batches delivered, whether its
+    (see :mod:`asyncloader._pipeline.worker_streams`): per worker, the batches delivered, whether
+    its
     iteration ended and the source's own state after them; and whose turn is next."""
     return {
         "per_worker": [{"delivered": 0, "ended": False, "state": None} for _ in range(num_workers)],

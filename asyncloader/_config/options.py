@@ -98,9 +98,11 @@ class Options:
     #: Derived: the kind of source, and the function that turns samples into a batch.
     kind: SourceKind = field(init=False)
     collate: Callable[[Any], Any] = field(init=False)
-    #: io_concurrency="auto": the fetch limit moves (asyncloader._tuning.io_limit), up to io_concurrency.
+    #: io_concurrency="auto": the fetch limit moves (asyncloader._tuning.io_limit), up to
+    #: io_concurrency.
     auto_io: bool = field(init=False, default=False)
-    #: num_workers="auto": each epoch's count moves (asyncloader._tuning.autosize); this object holds
+    #: num_workers="auto": each epoch's count moves (asyncloader._tuning.autosize); this object
+    #: holds
     #: the first epoch's, :meth:`for_epoch` another's.
     auto_workers: bool = field(init=False, default=False)
     #: prefetch="auto": prefetch moves within the epoch, up to PREFETCH_CAP (the window's bound).
@@ -317,7 +319,7 @@ class Options:
     @property
     def window(self) -> int:
         """Batches at most taken from the sampler and not yet handed to the consumer (under
-        ``io_concurrency="auto"``, room for twice the highest limit: see ``_autotune``; under
+        ``io_concurrency="auto"``, room for twice the highest limit: see ``_tuning.io_limit``; under
         ``prefetch="auto"``, at ``PREFETCH_CAP``)."""
         return self.window_for(self.fetch_room, self.prefetch_bound)
 

@@ -1,10 +1,12 @@
 """The seam between an epoch and whatever runs its batches: an :class:`Engine`.
 
 An epoch submits batches to an engine and awaits their results; it does not know whether they
-run in asyncloader's own worker processes (:class:`asyncloader._engines.local_pool.ProcessPool`), in a
+run in asyncloader's own worker processes (:class:`asyncloader._engines.local_pool.ProcessPool`),
+in a
 user's ``concurrent.futures.Executor`` or in a loader thread (:class:`ExecutorEngine`).
 Workers that fetch and iterate an iterable source themselves (``fetch_in_workers``: the local
-:class:`asyncloader._engines.fetching_workers.WorkerGroup`, Ray actors of :mod:`asyncloader.ray`) are a
+:class:`asyncloader._engines.fetching_workers.WorkerGroup`, Ray actors of :mod:`asyncloader.ray`)
+are a
 :class:`WorkerEngine`: the same members, and the batches of each worker's own iteration.
 """
 

@@ -1,6 +1,7 @@
 """asyncloader's workers that fetch: processes with an event loop each, many batches in flight.
 
-The local :class:`~asyncloader._engines.engine.Engine` of ``fetch_in_workers=True``. Each worker runs
+The local :class:`~asyncloader._engines.engine.Engine` of ``fetch_in_workers=True``. Each worker
+runs
 :func:`asyncloader._worker.loop.serve` and talks to the training process over a pipe of its
 own, so one worker holds as many batches at once as its share of ``io_concurrency`` keeps
 busy (a ``ProcessPoolExecutor`` gives each worker one task at a time), and a request can go

@@ -16,7 +16,8 @@ are yours to keep safe, exactly as under DataLoader, which forks the same way.
 Start methods that pickle (spawn, forkserver) re-import the main script in every worker: a
 script that starts workers from top-level code, without ``if __name__ == "__main__":``, would
 run again there, so :func:`check_start` refuses it at once, naming the fix. It also refuses,
-before any process starts, what the workers could not receive (:mod:`asyncloader._engines.picklable`).
+before any process starts, what the workers could not receive
+(:mod:`asyncloader._engines.picklable`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ consumer (being fetched, in the engine, in the reorder buffer, or in a hand-over
 memory held ahead of the consumer is bounded by the largest size the window had, at most
 ``options.window`` batches, whatever the consumer's speed or the order batches complete in.
 The "auto" settings move the size while the epoch runs: ``io_concurrency`` with the fetch
-limit, ``prefetch`` with the consumer's stalls (``_autosize``), the engine's room with it.
+limit, ``prefetch`` with the consumer's stalls (``_tuning.autosize``), the engine's room with it.
 
 A stage exception inside a batch becomes a Failure delivered at that batch's turn: the
 iterator raises it from that step and the epoch goes on with the next batch, as DataLoader
@@ -230,7 +230,8 @@ class Epoch:
     def outcome(self, seq: int, item: Any) -> Any:
         """What the consumer gets for batch ``seq`` (``item`` from :meth:`next`), on its thread.
 
-        Returns the batch, or :data:`~asyncloader._base.skipping.EMPTY` when ``on_error="skip"`` left no
+        Returns the batch, or :data:`~asyncloader._base.skipping.EMPTY` when ``on_error="skip"``
+        left no
         sample in it (received, nothing to yield). Raises the batch's own error when one of
         its stages failed: that step only; the next goes on with the next batch.
         """
@@ -405,7 +406,7 @@ class Epoch:
     def _window_size(self) -> int:
         """The window for the fetch limit and ``prefetch`` now. Under ``io_concurrency="auto"``
         it has room to queue as many samples as are in flight, so a fetch held back by its
-        limit shows it (see ``_autotune``)."""
+        limit shows it (see ``_tuning.io_limit``)."""
         options = self._options
         if self._tuner is not None:
             fetching = 2 * (self._fetcher.limit if self._fetcher else self._tuner.limit)

@@ -49,7 +49,8 @@ class EpochStart:
             when the source restored its own state, else 0 (earlier batches are then pulled
             and dropped).
         source_state: ``(first_seq, state)``: an iterable source's own state (see
-            :func:`~asyncloader._base.source_state.source_state`) before its first batch, when it or its
+            :func:`~asyncloader._base.source_state.source_state`) before its first batch, when it
+            or its
             iterator keeps one (``state_dict``/``load_state_dict``); else ``None``.
         cuts: With ``distributed=True``: the interruptions at other world sizes whose
             remainder this epoch is (see :mod:`asyncloader._config.rank_sampler`); ``()`` for a

@@ -2,7 +2,8 @@
 
 :class:`WorkerCore` is the work of one worker whatever carries its messages: the local
 engine's pipe (:func:`serve`, the main function of each worker process of
-:class:`asyncloader._engines.fetching_workers.WorkerGroup`) or a Ray actor (:mod:`asyncloader.ray`). On the
+:class:`asyncloader._engines.fetching_workers.WorkerGroup`) or a Ray actor
+(:mod:`asyncloader.ray`). On the
 worker's event loop (uvloop when installed) a :class:`~asyncloader._worker.fetch.Fetcher` fetches
 the samples of every batch the worker holds, at most ``io_limit`` at once; CPU work (a sync
 ``__getitem__``, ``transform``, ``collate_fn``, the move into shared memory) runs on one
@@ -304,7 +305,8 @@ class WorkerCore:
 
 
 def serve(conn: Any, owner_pid: int, spec: WorkerSpec) -> None:
-    """Main function of a :class:`~asyncloader._engines.fetching_workers.WorkerGroup` worker process: sets the
+    """Main function of a :class:`~asyncloader._engines.fetching_workers.WorkerGroup` worker
+    process: sets the
     process up as worker ``spec.worker_id``, then :func:`serve_on` ``conn``."""
     setup_worker(
         owner_pid, spec.worker_id, spec.num_workers, spec.base_seed, spec.plan, spec.worker_init_fn
