@@ -40,7 +40,11 @@ def unsafe_to_wait() -> bool:
     """A finalizer runs inside a garbage collection that may have started at an allocation
     under the lock every thread pool's submit takes (``ThreadPoolExecutor.submit`` allocates
     its Future there): waiting now for a thread that submits would deadlock. An explicit
-    ``gc.collect()`` (the lock free) may wait."""
+    ``gc.collect()`` (the lock free) may wait. Neither may a thread that holds the loops
+    parked (:func:`loops_parked`, around a fork): the loop it would wait for cannot run until
+    that thread lets it."""
+    if getattr(_gc_state, "parking", False):
+        return True
     return getattr(_gc_state, "active", False) and thread_pools_locked()
 
 
@@ -101,8 +105,10 @@ def loops_parked(timeout: float = PARK_S) -> Iterator[None]:
         deadline = time.monotonic() + timeout
         for arrived in arrivals:
             arrived.wait(max(0.0, deadline - time.monotonic()))
+        _gc_state.parking = True
         yield
     finally:
+        _gc_state.parking = False
         resume.set()
 
 
