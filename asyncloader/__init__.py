@@ -5,9 +5,9 @@ Import everything from here::
     from asyncloader import AsyncLoader, get_worker_info
 """
 
-from asyncloader._report import Diagnosis
-from asyncloader._stats import LoaderStats
-from asyncloader._worker import WorkerInfo, get_worker_info
+from asyncloader._base.worker_info import WorkerInfo, get_worker_info
+from asyncloader._tuning.report import Diagnosis
+from asyncloader._tuning.stats import LoaderStats
 from asyncloader.errors import (
     AsyncLoaderError,
     FetchError,

@@ -41,9 +41,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from asyncloader._compat import empty_shared
-from asyncloader._malloc import empty_huge
-from asyncloader._worker import shares_batches
+from asyncloader._base.compat import empty_shared
+from asyncloader._worker.allocator import empty_huge
+from asyncloader._worker.startup import shares_batches
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -14,18 +14,17 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 from torch.utils.data import Dataset
 
-from asyncloader._async import AsyncIterator
-from asyncloader._autosize import PrefetchTuner, WorkerTuner
-from asyncloader._autotune import FetchTuner
-from asyncloader._epoch import Epoch
-from asyncloader._layout import placed
-from asyncloader._length import ReportedLength
-from asyncloader._meter import now
-from asyncloader._options import Options
-from asyncloader._report import Diagnosis, diagnose, render
-from asyncloader._skip import SKIP_LOG_LENGTH
-from asyncloader._start import capture_rng, start_epoch, tell_rank, with_sampler
-from asyncloader._state import (
+from asyncloader._base.skipping import SKIP_LOG_LENGTH
+from asyncloader._base.source_state import source_state
+from asyncloader._base.threads import (
+    finalize_here,
+    keep_torch_threads,
+    run_in_thread,
+    unsafe_to_wait,
+)
+from asyncloader._base.validate import check_int, dataloader_spellings, warn_many_workers
+from asyncloader._checkpoint.layout import placed
+from asyncloader._checkpoint.state import (
     STATE_VERSION,
     check_state,
     encode_rng,
@@ -33,13 +32,19 @@ from asyncloader._state import (
     next_epoch_state,
     ranks_state,
     rebase,
-    source_state,
 )
-from asyncloader._stats import LoaderStats
-from asyncloader._sync import LoopThread, SyncIterator
-from asyncloader._threads import finalize_here, keep_torch_threads, run_in_thread, unsafe_to_wait
-from asyncloader._validate import check_int, dataloader_spellings, warn_many_workers
-from asyncloader._workers import Workers
+from asyncloader._config.options import Options
+from asyncloader._engines.lifetime import Workers
+from asyncloader._pipeline.async_iterator import AsyncIterator
+from asyncloader._pipeline.epoch import Epoch
+from asyncloader._pipeline.epoch_start import capture_rng, start_epoch, tell_rank, with_sampler
+from asyncloader._pipeline.length import ReportedLength
+from asyncloader._pipeline.sync_iterator import LoopThread, SyncIterator
+from asyncloader._tuning.autosize import PrefetchTuner, WorkerTuner
+from asyncloader._tuning.io_limit import FetchTuner
+from asyncloader._tuning.meter import now
+from asyncloader._tuning.report import Diagnosis, diagnose, render
+from asyncloader._tuning.stats import LoaderStats
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -62,7 +67,7 @@ def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> N
     garbage collection may run on any thread, also one the loop thread waits for, or while a
     lock the loop thread needs is held: the loop thread is joined only from close() or, for
     a loader that simply went out of scope, from the main thread where that is safe
-    (:func:`~asyncloader._threads.unsafe_to_wait`)."""
+    (:func:`~asyncloader._base.threads.unsafe_to_wait`)."""
     main = threading.current_thread() is threading.main_thread()
     loop_thread.stop(wait=not warn or (main and not unsafe_to_wait()))
     workers.close(warn)
@@ -102,7 +107,7 @@ class AsyncLoader(Generic[T_co]):
             without ``transform`` or ``collate_fn``); between epochs, one more when the last
             epoch was CPU-bound and that pays, one fewer when workers sat idle under a slow
             consumer, never above the cores nor ``memory_budget``
-            (:mod:`asyncloader._autosize`). Within an epoch the count never changes.
+            (:mod:`asyncloader._tuning.autosize`). Within an epoch the count never changes.
         collate_fn: Turns a list of samples into a batch; default ``default_collate``.
         pin_memory: Pin batches in page-locked memory, on the ``asyncloader-device`` thread
             (without CUDA: one warning, batches pass through).
@@ -140,7 +145,7 @@ class AsyncLoader(Generic[T_co]):
             its limit, up to 4096, to ``memory_budget`` and to half the files the process may
             still open (it steps back when a step does not pay, and probes again a second
             later, so it follows a change in latency); the window of batches follows it (see
-            :mod:`asyncloader._autotune`). An int fixes it. A sync ``__getitem__`` without
+            :mod:`asyncloader._tuning.io_limit`). An int fixes it. A sync ``__getitem__`` without
             workers is called ``fetch_threads`` at a time whatever this says.
         memory_budget: With an ``"auto"`` setting: bytes the samples in flight may hold
             (``io_concurrency``), and bytes the batches in the engine's window may grow to
@@ -422,7 +427,7 @@ class AsyncLoader(Generic[T_co]):
 
         The stage is one of ``consumer`` (the training step; the loader keeps up),
         ``device``, ``cpu`` (the workers), ``storage``, ``source``, or ``unknown`` before three
-        batches (the rules: :mod:`asyncloader._report`).
+        batches (the rules: :mod:`asyncloader._tuning.report`).
         """
         stats = self.stats
         return render(stats, diagnose(stats, self._epoch_options), max(self._epoch, 0))
@@ -467,7 +472,7 @@ class AsyncLoader(Generic[T_co]):
 
     def _next_epoch_options(self) -> Options:
         """The options of the epoch about to start: under ``num_workers="auto"``, with the
-        count the last epoch's measurements give (see :mod:`asyncloader._autosize`)."""
+        count the last epoch's measurements give (see :mod:`asyncloader._tuning.autosize`)."""
         tuner, last = self._worker_tuner, self._last
         if tuner is None:
             return self._options
@@ -485,7 +490,8 @@ class AsyncLoader(Generic[T_co]):
         before the first batch not delivered. Batches in flight are not part of it: they are
         fetched again on resume. The source's own state sits where ``StatefulDataLoader``
         puts it: ``dataset_state`` and ``fetcher_state``, or per worker in
-        ``_snapshot["_worker_snapshots"]["worker_<i>"]`` (see :mod:`asyncloader._layout`).
+        ``_snapshot["_worker_snapshots"]["worker_<i>"]`` (see
+        :mod:`asyncloader._checkpoint.layout`).
 
         Between epochs (before the first, after one ended) it names the next epoch, the RNG
         state its shuffle will draw from (the ``generator``'s, or torch's global one) and the

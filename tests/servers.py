@@ -32,7 +32,7 @@ from pathlib import Path
 
 from aiohttp import ClientSession, web
 
-from asyncloader._orphans import _die_with_parent as die_with_parent
+from asyncloader._worker.orphans import _die_with_parent as die_with_parent
 
 FAULTS = ("503", "429", "403", "404", "reset", "truncate", "short", "stall")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}

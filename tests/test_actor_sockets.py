@@ -1,5 +1,5 @@
 """How Ray actors on the training process's machine answer it: over Unix sockets
-(:mod:`asyncloader._actor_sockets`), tested here without Ray; tests/test_ray.py runs the
+(:mod:`asyncloader._engines.ray.sockets`), tested here without Ray; tests/test_ray.py runs the
 contract checkers over real actors answering this way.
 """
 
@@ -14,10 +14,11 @@ from multiprocessing.connection import Connection
 import numpy as np
 import pytest
 
-from asyncloader import AsyncLoader, _actor_sockets
-from asyncloader._actor_sockets import ActorSockets, accept, connect_actor, listening
-from asyncloader._plan import BatchPlan
-from asyncloader._procs import worker_specs
+from asyncloader import AsyncLoader
+from asyncloader._engines.fetching_workers import worker_specs
+from asyncloader._engines.ray import sockets as _actor_sockets
+from asyncloader._engines.ray.sockets import ActorSockets, accept, connect_actor, listening
+from asyncloader._worker.plan import BatchPlan
 from tests.helpers import SyncSource
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from asyncloader import AsyncLoader, _autosize
-from asyncloader._autosize import PREFETCH_CAP, PREFETCH_START, PrefetchTuner, WorkerTuner
-from asyncloader._stats import LoaderStats
+from asyncloader import AsyncLoader
+from asyncloader._config import defaults
+from asyncloader._tuning import autosize as _autosize
+from asyncloader._tuning.autosize import PREFETCH_CAP, PREFETCH_START, PrefetchTuner, WorkerTuner
+from asyncloader._tuning.stats import LoaderStats
 from tests.helpers import SyncSource, Waiting, add_one, indices_of, jitter
 from tests.helpers.contracts import check_bounded_window, check_exactly_once, check_order, epoch
 
@@ -24,6 +26,7 @@ def cores(monkeypatch):
         n = 4
 
     monkeypatch.setattr(_autosize, "available_cores", lambda: Cores.n)
+    monkeypatch.setattr(defaults, "available_cores", lambda: Cores.n)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     return Cores
 

@@ -8,9 +8,11 @@ import resource
 import numpy as np
 import pytest
 
-from asyncloader import AsyncLoader, _autotune
-from asyncloader._autotune import CAP, HOLD_S, START, FetchTuner
-from asyncloader._window import Window
+from asyncloader import AsyncLoader
+from asyncloader._base.window import Window
+from asyncloader._config.defaults import CAP
+from asyncloader._tuning import io_limit as _autotune
+from asyncloader._tuning.io_limit import HOLD_S, START, FetchTuner
 from tests.helpers import Waiting
 from tests.helpers.contracts import check_bounded_window, check_exactly_once
 

@@ -1,4 +1,5 @@
-"""The registry of claims on datasets that are their own iterators (``asyncloader._claims``)."""
+"""The registry of claims on datasets that are their own iterators
+(``asyncloader._pipeline.claims``)."""
 
 import subprocess
 import sys
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 COLLECTED_UNDER_THE_LOCK = textwrap.dedent(
     """
     import gc
-    from asyncloader._claims import _claims, claim_for
+    from asyncloader._pipeline.claims import _claims, claim_for
 
     class Cyclic:
         def __init__(self):

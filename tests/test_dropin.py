@@ -247,7 +247,7 @@ def test_loader_is_generic_over_its_samples():
 
 
 def test_more_workers_than_cores_warn_as_dataloader_does(monkeypatch):
-    import asyncloader._validate as validate
+    import asyncloader._base.validate as validate
 
     monkeypatch.setattr(validate, "available_cores", lambda: 2)
     with pytest.warns(UserWarning, match="excessive worker creation might get DataLoader"):

@@ -6,7 +6,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
-from asyncloader._transform import Transformer
+from asyncloader._pipeline.transform import Transformer
 from asyncloader.errors import WorkerCrashedError
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncloader._failure import Failure, failure_note, unwrap_group
+from asyncloader._base.failure import Failure, failure_note, unwrap_group
 
 
 def test_unwrap_keeps_the_other_members_as_notes():

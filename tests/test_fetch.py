@@ -5,8 +5,8 @@ import contextlib
 
 import pytest
 
-from asyncloader._failure import Failure
-from asyncloader._fetch import Fetcher
+from asyncloader._base.failure import Failure
+from asyncloader._worker.fetch import Fetcher
 from asyncloader.errors import AsyncLoaderError
 
 

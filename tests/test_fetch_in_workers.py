@@ -197,9 +197,9 @@ def epoch_of(loader: AsyncLoader) -> list[tuple[int, int]]:
 
 
 def _core(restarted: bool):
-    from asyncloader._plan import BatchPlan
-    from asyncloader._procs import worker_config
-    from asyncloader._worker_loop import WorkerCore
+    from asyncloader._engines.fetching_workers import worker_config
+    from asyncloader._worker.loop import WorkerCore
+    from asyncloader._worker.plan import BatchPlan
 
     options = AsyncLoader(IterSource(12), batch_size=4, **IN_WORKERS)._options
     return WorkerCore(BatchPlan.of(options), worker_config(options, 8), 0, restarted)
@@ -210,7 +210,7 @@ def test_a_workers_iteration_serves_requests_by_number_whatever_their_arrival():
     gets the second batch of the iteration, and batch 0 the first."""
     import asyncio
 
-    from asyncloader._worker_loop import StreamOpen
+    from asyncloader._worker.protocol import StreamOpen
 
     async def run():
         core = _core(restarted=False)
@@ -230,7 +230,7 @@ def test_a_workers_iteration_serves_requests_by_number_whatever_their_arrival():
 def test_a_restarted_worker_says_it_lost_the_iteration_it_is_asked_to_continue():
     import asyncio
 
-    from asyncloader._worker_loop import LOST, StreamOpen
+    from asyncloader._worker.protocol import LOST, StreamOpen
 
     async def run():
         core = _core(restarted=True)

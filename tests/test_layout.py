@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 import asyncloader
-from asyncloader._options import Options
+from asyncloader._config.options import Options
 from tests.helpers import SyncSource
 
 PACKAGE = Path(asyncloader.__file__).parent
-COMPAT = PACKAGE / "_compat.py"
+COMPAT = PACKAGE / "_base" / "compat.py"
 FOREIGN = ("torch", "multiprocessing", "concurrent")
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from asyncloader import AsyncLoader
-from asyncloader._malloc import empty_huge
+from asyncloader._worker.allocator import empty_huge
 
 pytestmark = pytest.mark.skipif(
     platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc's (mallopt)"
@@ -45,7 +45,7 @@ def faults_in_fresh_process(keep: bool) -> int:
     """refaulted_pages() in a new interpreter (mallopt changes the whole process)."""
     code = textwrap.dedent(
         f"""
-        from asyncloader._malloc import keep_freed_memory
+        from asyncloader._worker.allocator import keep_freed_memory
         from tests.test_malloc import refaulted_pages
         if {keep}:
             assert keep_freed_memory()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from asyncloader import AsyncLoader
-from asyncloader._picklable import check_picklable
+from asyncloader._engines.picklable import check_picklable
 from tests.helpers import SyncSource, indices_of
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,8 +2,8 @@
 
 import threading
 
-from asyncloader._progress import Cursor, Progress
-from asyncloader._state import Resume
+from asyncloader._checkpoint.progress import Cursor, Progress
+from asyncloader._checkpoint.state import Resume
 
 
 def test_cursor_counts_in_order_and_beyond():

@@ -27,8 +27,10 @@ import torch
 ray = pytest.importorskip("ray")
 
 from asyncloader import AsyncLoader  # noqa: E402
+from asyncloader._engines.ray.actor import Inbox  # noqa: E402
+from asyncloader._engines.ray.long_poll import LongPoll  # noqa: E402
 from asyncloader.errors import WorkerCrashedError  # noqa: E402
-from asyncloader.ray import Inbox, LongPoll, RayEngine  # noqa: E402
+from asyncloader.ray import RayEngine  # noqa: E402
 from tests.helpers import (  # noqa: E402
     AsyncSource,
     CodedError,

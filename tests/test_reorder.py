@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from asyncloader._reorder import ReorderBuffer
+from asyncloader._base.reorder import ReorderBuffer
 
 
 async def drain(buf: ReorderBuffer) -> list[int]:

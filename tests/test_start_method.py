@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import asyncloader._start_method as start_method
-from asyncloader._start_method import _guarded_lines, _is_main_test
+import asyncloader._engines.start_method as start_method
+from asyncloader._engines.start_method import _guarded_lines, _is_main_test
 
 ROOT = Path(__file__).resolve().parent.parent
 

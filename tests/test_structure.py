@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncloader._structure import DESCEND, map_structure, tensors_of
+from asyncloader._base.structure import DESCEND, map_structure, tensors_of
 
 Point = namedtuple("Point", "x y")
 

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import default_collate
 
 from asyncloader import AsyncLoader
-from asyncloader._transform import collate_small
+from asyncloader._pipeline.transform import collate_small
 
 
 @pytest.mark.parametrize(
@@ -70,8 +70,8 @@ class RecordingSource:
 
 def collate_threads(monkeypatch, loader) -> tuple[list, set[str]]:
     """Runs one epoch; returns its batches and the names of the threads that collated."""
-    import asyncloader._engine as engine
-    import asyncloader._transform as transform
+    import asyncloader._engines.engine as engine
+    import asyncloader._pipeline.transform as transform
 
     names: set[str] = set()
     original_small, original_default = transform.collate_small, transform.default_collate

@@ -10,7 +10,7 @@ import warnings
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-import asyncloader._heavy as heavy
+import asyncloader._pipeline.heavy_source as heavy
 from asyncloader import AsyncLoader, SourceHeavyWarning
 from asyncloader.images import ImageBatch
 from examples.image_data import make_images, tar_shards

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from asyncloader import AsyncLoader
-from asyncloader._epoch import Window
+from asyncloader._pipeline.epoch import Window
 from tests.helpers import AsyncSource, SyncSource
 from tests.helpers.waiting import wait_event
 

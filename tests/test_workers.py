@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DistributedSampler, default_collate
 
 from asyncloader import AsyncLoader, RemoteTraceback, WorkerCrashedError, get_worker_info
-from asyncloader._transport import to_shared
+from asyncloader._worker.transport import to_shared
 from tests.helpers import (
     AsyncSource,
     DieAt,

@@ -5,9 +5,9 @@ Each source here is usable directly as the loader's dataset::
     from asyncloader.sources import HTTPSource, ObjectStoreSource, FileSource, ShardedSource
 """
 
+from asyncloader._base.kinds import AsyncMapSource, MapSource, SourceKind, source_kind
 from asyncloader.sources._files import FileSource
 from asyncloader.sources._http import HTTPSource
-from asyncloader.sources._kinds import AsyncMapSource, MapSource, SourceKind, source_kind
 from asyncloader.sources._objectstore import ObjectStoreSource
 from asyncloader.sources._retry import Retry
 from asyncloader.sources._sharded import ShardedSource

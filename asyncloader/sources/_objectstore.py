@@ -20,8 +20,8 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
-from asyncloader._compat import s3fs_client
-from asyncloader._threads import call_in_thread
+from asyncloader._base.compat import s3fs_client
+from asyncloader._base.threads import call_in_thread
 from asyncloader.sources._map import (
     DEFAULT_MAX_OBJECT_SIZE,
     RemoteMap,

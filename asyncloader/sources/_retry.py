@@ -30,13 +30,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from asyncloader._base.retries import RETRIES
 from asyncloader.errors import FetchError
 from asyncloader.sources._redact import Redactor
 
 T = TypeVar("T")
 log = logging.getLogger("asyncloader.sources")
-#: Retries this process's sources made (read by the loader's stats, per epoch as a difference).
-RETRIES = [0]
 
 # Exception classes of aiohttp and botocore that mean "the transport failed": matched by name
 # so that this module imports neither (both are optional dependencies).

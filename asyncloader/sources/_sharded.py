@@ -31,8 +31,9 @@ from collections.abc import (
 )
 from typing import Any
 
-from asyncloader._failure import unwrap_group
-from asyncloader._worker import get_worker_info
+from asyncloader._base.failure import unwrap_group
+from asyncloader._base.ranks import check_ranks, resolve_ranks
+from asyncloader._base.worker_info import get_worker_info
 from asyncloader.errors import FetchError
 from asyncloader.sources._files import FileClient
 from asyncloader.sources._http import HTTPClient
@@ -43,14 +44,12 @@ from asyncloader.sources._remainder import Cut, Streams, moved_state, read_picks
 from asyncloader.sources._retry import Attempts, Retry, describe_cause
 from asyncloader.sources._shardplan import (
     Slice,
-    check_ranks,
     check_shuffle,
     check_tail,
     miscounted,
     parse_counts,
     per_rank,
     plan,
-    resolve_ranks,
     shard_order,
 )
 from asyncloader.sources._skips import Skips

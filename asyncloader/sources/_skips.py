@@ -20,7 +20,7 @@ from typing import Any
 
 from torch.utils.data import default_collate
 
-from asyncloader._validate import check_on_error
+from asyncloader._base.validate import check_on_error
 
 log = logging.getLogger("asyncloader.sources")
 _LOG_LENGTH = 16

@@ -18,8 +18,8 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils import worker as torch_worker
 
-from asyncloader import _worker
-from asyncloader._worker import WorkerInfo, get_worker_info
+from asyncloader._base import worker_info
+from asyncloader._base.worker_info import WorkerInfo, get_worker_info
 from tests.helpers.waiting import Count
 
 MAX_LATENCY_S = 0.004
@@ -145,15 +145,15 @@ class AsyncIterSource:
 def as_worker(worker_id: int, num_workers: int):
     """Within: ``get_worker_info()`` (asyncloader's and torch's) answers as worker
     ``worker_id`` of ``num_workers`` does, to iterate a worker's part of a source here."""
-    saved = _worker._info, torch_worker._worker_info
-    _worker._info = WorkerInfo(worker_id, num_workers, 0, None)
+    saved = worker_info._info, torch_worker._worker_info
+    worker_info._info = WorkerInfo(worker_id, num_workers, 0, None)
     torch_worker._worker_info = torch_worker.WorkerInfo(
         id=worker_id, num_workers=num_workers, seed=0, dataset=None
     )
     try:
         yield
     finally:
-        _worker._info, torch_worker._worker_info = saved
+        worker_info._info, torch_worker._worker_info = saved
 
 
 def indices_of(batches: Iterable[Any]) -> list[int]:

@@ -4,7 +4,7 @@ workers over a million slow samples and prints "ready" once it has its first bat
 ``python train_forever.py {main,thread} {default,forkserver,...} [fetch-in-workers]``: iterate
 in the main thread or in another thread, with the default start method (fork, in either) or
 the one named; ``fetch-in-workers``: with ``fetch_in_workers=True`` (the workers of
-asyncloader._procs).
+asyncloader._engines.fetching_workers).
 """
 
 import sys

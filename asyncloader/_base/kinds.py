@@ -1,0 +1,70 @@
+"""Tells which of the four kinds of source a dataset is, and the protocols users implement."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import AsyncIterable, Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from torch.utils.data import IterableDataset
+
+
+@runtime_checkable
+class MapSource(Protocol):
+    """A map-style source: ``len`` and a sync ``__getitem__`` (any torch ``Dataset``)."""
+
+    def __getitem__(self, index: Any) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class AsyncMapSource(Protocol):
+    """A map-style source whose ``__getitem__`` is a coroutine function, awaited on the loop."""
+
+    async def __getitem__(self, index: Any) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+
+class SourceKind(enum.Enum):
+    """Where and how samples are pulled from a source."""
+
+    MAP = "map"
+    ASYNC_MAP = "async map"
+    ITERABLE = "iterable"
+    ASYNC_ITERABLE = "async iterable"
+
+    @property
+    def is_map(self) -> bool:
+        return self in (SourceKind.MAP, SourceKind.ASYNC_MAP)
+
+
+def source_kind(dataset: Any) -> SourceKind:
+    """Classifies ``dataset``.
+
+    Raises:
+        TypeError: ``dataset`` is neither indexable nor iterable.
+    """
+    cls = type(dataset)
+    if isinstance(dataset, AsyncIterable):
+        return SourceKind.ASYNC_ITERABLE
+    if isinstance(dataset, IterableDataset):
+        return SourceKind.ITERABLE
+    getitem = getattr(cls, "__getitem__", None)
+    if getitem is not None:
+        if inspect.iscoroutinefunction(getitem):
+            return SourceKind.ASYNC_MAP
+        return SourceKind.MAP
+    if isinstance(dataset, Iterable):
+        return SourceKind.ITERABLE
+    raise TypeError(
+        f"dataset must be map-style (__getitem__, sync or async) or iterable (__iter__ or "
+        f"__aiter__), got {cls.__qualname__}"
+    )
+
+
+def has_getitems(dataset: Any) -> bool:
+    """DataLoader's test: ``dataset`` has a ``__getitems__`` that is not ``None``."""
+    return bool(getattr(dataset, "__getitems__", None))

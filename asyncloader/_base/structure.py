@@ -1,0 +1,88 @@
+"""Walks nested batches: dicts, lists, tuples, namedtuples and dataclasses, rebuilt around leaves.
+
+The same traversal serves the worker (tensors and arrays into shared memory), the consumer
+side (arrays back out of it) and the device thread (pin, copy, record_stream).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+#: Returned by a leaf function to say "not a leaf: recurse into it if it is a container".
+DESCEND: Any = object()
+
+
+def map_structure(data: Any, leaf: Callable[[Any], Any]) -> Any:
+    """Returns ``data`` with every leaf replaced by ``leaf(x)``, container types kept.
+
+    ``leaf`` is offered every node first; where it returns :data:`DESCEND`, dicts, lists,
+    tuples, namedtuples and dataclass instances are rebuilt from their walked parts, and any
+    other object is kept as it is.
+    """
+
+    def walk(x: Any) -> Any:
+        out = leaf(x)
+        if out is not DESCEND:
+            return out
+        if isinstance(x, str | bytes) or x is None:
+            return x
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            record = copy.copy(x)
+            for field in dataclasses.fields(x):
+                object.__setattr__(record, field.name, walk(getattr(x, field.name)))
+            return record
+        if isinstance(x, Mapping):
+            items = {k: walk(v) for k, v in x.items()}
+            try:
+                mapping = copy.copy(x)
+                mapping.update(items)  # type: ignore[attr-defined]
+                return mapping
+            except (TypeError, AttributeError):
+                return items
+        if isinstance(x, tuple):
+            if hasattr(x, "_fields"):
+                return type(x)(*(walk(v) for v in x))
+            return tuple(walk(v) for v in x)
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return x
+
+    return walk(data)
+
+
+def tensors_of(data: Any) -> list[torch.Tensor]:
+    """Every tensor reachable through the containers :func:`map_structure` understands."""
+    found: list[torch.Tensor] = []
+
+    def collect(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+            return x
+        return DESCEND
+
+    map_structure(data, collect)
+    return found
+
+
+def nbytes(batch: Any) -> int:
+    """Bytes held by the tensors and numpy arrays in ``batch`` (any nesting)."""
+    total = 0
+
+    def count(x: Any) -> Any:
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            total += x.numel() * x.element_size()  # nbytes, which sparse tensors lack
+            return x
+        if isinstance(x, np.ndarray):
+            total += x.nbytes
+            return x
+        return DESCEND
+
+    map_structure(batch, count)
+    return total

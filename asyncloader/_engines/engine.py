@@ -1,0 +1,95 @@
+"""The seam between an epoch and whatever runs its batches: an :class:`Engine`.
+
+An epoch submits batches to an engine and awaits their results; it does not know whether they
+run in asyncloader's own worker processes (:class:`asyncloader._engines.local_pool.ProcessPool`),
+in a
+user's ``concurrent.futures.Executor`` or in a loader thread (:class:`ExecutorEngine`).
+Workers that fetch and iterate an iterable source themselves (``fetch_in_workers``: the local
+:class:`asyncloader._engines.fetching_workers.WorkerGroup`, Ray actors of :mod:`asyncloader.ray`)
+are a
+:class:`WorkerEngine`: the same members, and the batches of each worker's own iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, Future
+from typing import Any, Protocol
+
+from asyncloader._base.seeding import Seeds
+from asyncloader._worker.plan import BatchPlan, run_batch
+
+
+class Engine(Protocol):
+    """Runs :func:`asyncloader._worker.plan.run_batch` for the batches of an epoch."""
+
+    def start(self) -> None:
+        """Makes the engine ready for work (blocking: called off the event loop)."""
+
+    def submit(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+    ) -> Future[Any]:
+        """Starts batch ``seq``; the future resolves to the batch (or its Failure).
+
+        Raises:
+            concurrent.futures.process.BrokenProcessPool: A worker died (from here or from the
+                future).
+        """
+
+    def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
+        """After a crash: which worker died, how, and the batch it held (blocking); ``""`` when
+        the engine cannot tell more than the exception's own message."""
+
+    def shutdown(self) -> None:
+        """Stops the engine and joins what it started. Idempotent; blocking."""
+
+
+class WorkerEngine(Engine, Protocol):
+    """An engine of ``num_workers`` addressable workers that fetch, and iterate an iterable
+    source each (see :mod:`asyncloader._pipeline.worker_streams`)."""
+
+    num_workers: int
+
+    def new_token(self) -> int:
+        """A token naming one epoch's iteration, new each time."""
+
+    def next_stream(self, worker: int, opening: Any, number: int) -> Future[Any]:
+        """Batch ``number`` of ``worker``'s own iteration of the epoch ``opening``
+        (a :class:`~asyncloader._worker.protocol.StreamOpen`) starts: see
+        :meth:`asyncloader._worker.loop.WorkerCore.next_stream`."""
+
+    def open_stream(self, worker: int, opening: Any) -> Future[Any]:
+        """Opens ``worker``'s iteration of the epoch ``opening`` starts; resolves to the
+        source's own state right after: see
+        :meth:`asyncloader._worker.loop.WorkerCore.open_stream`."""
+
+
+class ExecutorEngine:
+    """An ``Executor`` the loader does not own the workers of: the plan travels with each task.
+
+    Args:
+        executor: A user's executor (never shut down here), or a loader thread pool (shut down
+            with the epoch when ``owned``).
+        plan: What to do to each batch.
+        owned: :meth:`shutdown` shuts the executor down.
+    """
+
+    def __init__(self, executor: Executor, plan: BatchPlan, owned: bool = False) -> None:
+        self.executor = executor
+        self.plan = plan
+        self._owned = owned
+
+    def start(self) -> None:
+        pass
+
+    def submit(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+    ) -> Future[Any]:
+        return self.executor.submit(run_batch, self.plan, seq, indices, samples, seeds)
+
+    def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
+        return ""  # the executor's own message says it best
+
+    def shutdown(self) -> None:
+        if self._owned:
+            self.executor.shutdown(wait=True, cancel_futures=True)

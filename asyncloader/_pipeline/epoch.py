@@ -1,0 +1,581 @@
+"""The running epoch: its stages wired inside one TaskGroup, its resources in one exit stack.
+
+::
+
+    sampler / iterable ─► admit (window permit) ─► fetch (loop, ≤ io_concurrency samples)
+                          └──────────────── batch:{seq} task ───────────────┘
+                                                 │
+                          transform + collate (engine, ≤ transform_window batches)
+                                                 │
+                          ReorderBuffer ─► [device thread] ─► consumer (permit returned on
+                                                              hand-over)
+
+Window invariant: ``permits.value + ahead == size + debt`` (:class:`~asyncloader._base.window.
+Window`), where ``ahead`` counts the batches taken from the sampler and not yet handed to the
+consumer (being fetched, in the engine, in the reorder buffer, or in a hand-over queue). So
+memory held ahead of the consumer is bounded by the largest size the window had, at most
+``options.window`` batches, whatever the consumer's speed or the order batches complete in.
+The "auto" settings move the size while the epoch runs: ``io_concurrency`` with the fetch
+limit, ``prefetch`` with the consumer's stalls (``_tuning.autosize``), the engine's room with it.
+
+A stage exception inside a batch becomes a Failure delivered at that batch's turn: the
+iterator raises it from that step and the epoch goes on with the next batch, as DataLoader
+does. Anything else (the sampler raising, a worker crash) fails the TaskGroup, which cancels
+every stage task and surfaces the first error to the consumer: the epoch ends there.
+
+Every resource of the epoch (its threads, its worker lease, the source's puller) is entered
+into one ``AsyncExitStack`` as it starts, so stopping, on every path, is that stack's exit: in
+reverse order of starting, after the stage tasks ended and the consumer was told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import torch
+
+from asyncloader._base.failure import Failure, unwrap_group
+from asyncloader._base.kinds import SourceKind
+from asyncloader._base.reorder import ReorderBuffer
+from asyncloader._base.seeding import Seeds, call_seeded
+from asyncloader._base.skipping import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
+from asyncloader._base.structure import nbytes
+from asyncloader._base.threads import loader_threads, loop_registered, run_in_thread
+from asyncloader._base.window import Window
+from asyncloader._checkpoint.progress import Progress
+from asyncloader._config.options import Options
+from asyncloader._engines.engine import Engine, ExecutorEngine, WorkerEngine
+from asyncloader._engines.lifetime import WorkerLease
+from asyncloader._pipeline.batches import Batch, Made, map_batches, stream_batches
+from asyncloader._pipeline.device import DeviceStage
+from asyncloader._pipeline.epoch_start import EpochStart, SamplerCursor
+from asyncloader._pipeline.length import LengthCheck, ReportedLength
+from asyncloader._pipeline.transform import Transformer, inline_plan
+from asyncloader._pipeline.worker_streams import worker_stream_batches
+from asyncloader._tuning.autosize import PrefetchTuner
+from asyncloader._tuning.io_limit import FetchTuner
+from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._tuning.stats import LoaderStats
+from asyncloader._worker.fetch import Fetcher, fetch_then_run
+from asyncloader._worker.getitems import BatchFetcher
+from asyncloader._worker.plan import BatchPlan
+from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
+
+#: The longest ``state_dict()`` waits for the workers to open their iterations of the source
+#: (without a ``timeout``); past it, it returns the state without what they opened.
+SETTLE_S = 30.0
+
+
+def _shut_down_with(stack: contextlib.AsyncExitStack, threads: ThreadPoolExecutor) -> None:
+    """Joins ``threads`` when ``stack`` exits, off the loop's thread."""
+    stop = lambda: threads.shutdown(wait=True, cancel_futures=True)  # noqa: E731
+    stack.push_async_callback(run_in_thread, stop, "asyncloader-reaper")
+
+
+class Epoch:
+    """One pass over the source, consumed by exactly one iterator.
+
+    Runs on one event loop (the ``asyncloader-loop`` thread's, or the caller's for
+    ``async for``). Of its members, :attr:`progress`, :attr:`start_info`, :meth:`timed_out`
+    and :attr:`stats` may be used from the consumer's thread too: ``progress`` has its own lock,
+    ``start_info`` never changes, and the other two only read counters and dict entries.
+
+    Args:
+        options: The loader's validated options.
+        start: How the epoch begins (seed, RNG state, started sampler, resume point).
+        lease: The worker pool of this epoch, when ``num_workers > 0``.
+        skip_log: The loader's ``skip_log``, where the ledger of an ``on_error="skip"`` epoch
+            keeps the last few skips.
+        tuner: ``io_concurrency="auto"``: the loader's fetch tuner, kept across its epochs.
+        prefetch_tuner: ``prefetch="auto"``: the loader's, kept across its epochs.
+        reported_len: What ``len(loader)`` answered before the epoch, for an iterable
+            source: each batch past it warns (:class:`~asyncloader._pipeline.length.LengthCheck`).
+    """
+
+    def __init__(
+        self,
+        options: Options,
+        start: EpochStart,
+        lease: WorkerLease | None,
+        skip_log: deque[tuple[Any, str]] | None = None,
+        tuner: FetchTuner | None = None,
+        reported_len: ReportedLength | None = None,
+        prefetch_tuner: PrefetchTuner | None = None,
+    ) -> None:
+        self._options = options
+        self._length: LengthCheck | None = None
+        if reported_len is not None:
+            self._length = LengthCheck(
+                reported_len,
+                options.dataset,
+                options.batch_size not in (None, 1),
+                options.worker_streams,
+                options.loader_name,
+            )
+        # on_error="skip": the consumer's iterator settles each Trimmed batch here.
+        self.skips: SkipLedger | None = None
+        if options.max_skipped is not None:
+            recent = deque(maxlen=SKIP_LOG_LENGTH) if skip_log is None else skip_log
+            self.skips = SkipLedger(options.max_skipped, recent)
+        self.start_info = start
+        self.progress = Progress(start.resume, start.source_state, options.worker_streams)
+        self._scheduled = False  # the stage tasks run, or will without the consumer's help
+        self._lease = lease
+        self._tuner = tuner if self._open_fetch_needed() else None
+        if self._tuner is not None:
+            self._tuner.restart(now())
+        # Each worker's own iteration is asked prefetch batches ahead once: it stays there.
+        self._prefetcher = prefetch_tuner if not options.worker_streams else None
+        if self._prefetcher is not None:
+            self._prefetcher.restart(options.num_workers)
+        self.prefetch = self._prefetcher.prefetch if self._prefetcher else options.prefetch
+        self._fetcher: Fetcher | BatchFetcher | None = None
+        self._transformer: Transformer | None = None
+        self._window = Window(self._window_size())
+        self._buffer = ReorderBuffer(options.in_order, start.resume.start, start.resume.skip)
+        # With a device stage the consumer reads the device thread's output, in order.
+        self._out = ReorderBuffer(in_order=False) if options.device_stage else self._buffer
+        self._device_room = asyncio.Semaphore(options.device_depth or 1)
+        self._inflight: dict[int, Sequence[Any]] = {}  # seq -> indices, until handed over
+        self.meter = EpochMeter()
+        self._sized = False  # the first batch was measured (meter.batch_bytes)
+        self._task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on, once started
+
+    @property
+    def options(self) -> Options:
+        """The epoch's options (under ``num_workers="auto"``, with its count of workers)."""
+        return self._options
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def scheduled(self) -> None:
+        """The epoch is to run on another thread's loop (a ``for`` epoch): it starts without
+        the consumer asking for a batch."""
+        self._scheduled = True
+
+    def settle_source(self) -> None:
+        """Waits until the workers have opened their iterations of the source
+        (``fetch_in_workers``), so that a ``state_dict()`` right after ``iter()`` holds what
+        each worker's ``__iter__`` made, as it does without workers. Returns at once where
+        nothing would open meanwhile (an ``async for`` epoch not started yet) or where waiting
+        would stall the epoch (on its own loop); waits at most ``timeout``, or
+        :data:`SETTLE_S` (the state is exact either way: only less informative)."""
+        if self._may_wait():
+            self.progress.wait_source_opened(self._options.timeout or SETTLE_S)
+
+    def worker_processes(self) -> list[Any]:
+        """The epoch's worker processes (DataLoader's ``iterator._workers``), waiting for them
+        to start as :meth:`settle_source` waits; ``[]`` without any (or Ray actors)."""
+        if self._lease is None:
+            return []
+        if self._may_wait():
+            self._lease.ready.wait(self._options.timeout or SETTLE_S)
+        return list(self._lease.processes)
+
+    def _may_wait(self) -> bool:
+        """The epoch runs, or will, and not on the caller's loop (waiting would stall it)."""
+        if not self._scheduled:
+            return False
+        try:
+            return asyncio.get_running_loop() is not self.loop
+        except RuntimeError:
+            return True  # not on any loop
+
+    def took_every_batch(self) -> bool:
+        """The consumer received every batch of this map-style epoch, whether or not it went
+        on to see the end (a trainer that stops after ``len(loader)`` batches)."""
+        options = self._options
+        sampler = options.batch_sampler if options.batch_sampler is not None else options.sampler
+        try:
+            total = len(sampler)
+        except TypeError:
+            return False
+        return options.kind.is_map and self.progress.next_batch >= total
+
+    def start(self) -> asyncio.Task[None]:
+        """Starts the stage tasks on the running loop."""
+        self._scheduled = True
+        self.loop = asyncio.get_running_loop()
+        self._task = self.loop.create_task(self._run(), name="asyncloader-epoch")
+        return self._task
+
+    async def next(self) -> tuple[int, Any]:
+        """Waits for the next ``(seq, batch)``; the batch is a :class:`Failure` when one of its
+        stages raised (the iterator raises it, and the epoch goes on). Its permit stays taken
+        until :meth:`release`.
+
+        Raises:
+            StopAsyncIteration: The epoch is complete.
+            Exception: What ended the epoch (a sampler error, a crashed worker).
+        """
+        try:
+            seq, item = await self._out.get()
+        except StopAsyncIteration:
+            self.meter.end()
+            raise
+        indices = self._inflight.pop(seq, None)
+        if indices is not None:
+            self.meter.samples += len(indices)
+        if not self._sized and not isinstance(item, Failure):
+            self._measured(item)
+        return seq, item
+
+    def _measured(self, item: Any) -> None:
+        """The first batch's size, once (a batch of no tensors or arrays measures 0 bytes):
+        ``prefetch="auto"`` keeps the window within the budget."""
+        batch = item.batch if type(item) is Trimmed else item
+        if batch is None:  # every sample of it was skipped: the next one is measured
+            return
+        self._sized = True
+        self.meter.batch_bytes = nbytes(batch)
+        tuner, size = self._prefetcher, self.meter.batch_bytes
+        if tuner is not None and size and tuner.measured(size) is not None:
+            self._resize()
+
+    def outcome(self, seq: int, item: Any) -> Any:
+        """What the consumer gets for batch ``seq`` (``item`` from :meth:`next`), on its thread.
+
+        Returns the batch, or :data:`~asyncloader._base.skipping.EMPTY` when ``on_error="skip"``
+        left no
+        sample in it (received, nothing to yield). Raises the batch's own error when one of
+        its stages failed: that step only; the next goes on with the next batch.
+        """
+        if type(item) is Trimmed:  # on_error="skip" left samples out
+            assert self.skips is not None
+            item = self.skips.settle(seq, item)
+        if isinstance(item, Failure):
+            item.reraise()
+        if self._length is not None and item is not EMPTY:
+            self._length.handed_over()
+        return item
+
+    def release(self) -> None:
+        """The consumer has received a batch: return its permit to the window (on the loop)."""
+        at = now()
+        self.meter.waiting.add(-1, at)
+        window = self._window
+        window.release()
+        if self._out is not self._buffer:
+            self._device_room.release()
+        if self._prefetcher is not None:
+            meter = self.meter
+            moved = self._prefetcher.received(
+                at, meter.stall, meter.busy, window.admitted, window.blocked, window.size
+            )
+            if moved is not None:
+                self._resize()
+
+    def ahead_reached(self, batches: int) -> threading.Event:
+        """Set once ``batches`` batches were ahead of the consumer at once (``max_ahead``),
+        from any thread: for observing how far the pipeline runs ahead (tests, diagnostics)."""
+        return self._window.reached(batches)
+
+    def timed_out(self) -> LoaderTimeoutError:
+        """The error for a consumer that waited ``timeout`` seconds, naming what it waited for
+        (worded as DataLoader's, with the user's loader class)."""
+        seq = self._buffer.next_seq
+        if seq is None:
+            waited = "the next batch to complete (in_order=False)"
+        elif (indices := self._inflight.get(seq)) is None:
+            waited = f"batch {seq}, not yet taken from the sampler"
+        else:
+            waited = f"batch {seq} with indices {list(indices)[:16]}"
+        options = self._options
+        return LoaderTimeoutError(
+            f"{options.loader_name} timed out after {options.timeout:g} seconds: no batch "
+            f"while waiting for {waited}"
+        )
+
+    @property
+    def stats(self) -> LoaderStats:
+        options, meter = self._options, self.meter
+        fetching = self._fetcher.max_fetching if self._fetcher else 0
+        at, elapsed = meter.ended or now(), meter.elapsed()
+        fetched = meter.fetch.count > 0
+        fetching_mean, engine_mean = meter.in_flight(at)
+        # Little's law over a window counts fetches begun before it in full: never above peaks
+        fetching_mean = min(fetching_mean, fetching)
+        engine_mean = min(engine_mean, options.engine_window_for(self.prefetch))
+        ms = lambda seconds: None if seconds is None else seconds * 1e3  # noqa: E731
+        consumer, received = meter.stall + meter.busy, self.progress.batches
+        device = meter.device.count > 0
+        return LoaderStats(
+            options.window,
+            self._window.max_ahead,
+            options.fetch_concurrency,
+            fetching,
+            self.progress.batches,
+            self.skips.count if self.skips is not None else 0,
+            elapsed=elapsed,
+            samples=meter.samples,
+            throughput=meter.samples / elapsed if elapsed > 0 else 0.0,
+            first_batch=meter.first_batch,
+            fetch_p50_ms=ms(meter.fetch.quantile(0.5)),
+            fetch_p99_ms=ms(meter.fetch.quantile(0.99)),
+            fetch_in_flight=fetching_mean if fetched else None,
+            engine_ms=ms(meter.engine.mean()),
+            engine_in_flight=engine_mean,
+            engine_window=options.engine_window_for(self.prefetch),
+            fetch_limit=self._fetcher.limit if self._fetcher else options.fetch_concurrency,
+            waiting=meter.waiting.mean(at),
+            max_waiting=meter.waiting.peak,
+            device_ms=ms(meter.device.mean()) if device else None,
+            device_busy=meter.device.total / elapsed if device and elapsed > 0 else None,
+            stall=meter.stall,
+            stall_fraction=meter.stall / consumer if consumer > 0 else 0.0,
+            consumer_ms=ms(meter.busy / (received - 1)) if received > 1 else None,
+            backpressure=meter.backpressure,
+            retries=meter.retries,
+            num_workers=options.num_workers,
+            prefetch=self.prefetch,
+            batch_bytes=meter.batch_bytes,
+        )
+
+    async def aclose(self) -> None:
+        """Cancels the stage tasks and waits until threads and processes are joined."""
+        task = self._task
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise
+
+    # -- producer side -------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(loop_registered(asyncio.get_running_loop()))
+            stack.callback(self._let_sampler_go)
+            stack.callback(self.progress.source_opened)  # never opening: nobody waits
+            try:
+                await self._flow(stack)
+            except asyncio.CancelledError:
+                self._fail(AsyncLoaderError("the epoch was closed before it finished"))
+                raise
+            except BaseException as exc:
+                self._fail(unwrap_group(exc))
+
+    async def _flow(self, stack: contextlib.AsyncExitStack) -> None:
+        """Opens the stages into ``stack`` and admits batches until the source ends."""
+        options = self._options
+        get = self._open_fetch(stack)
+        device = self._open_device(stack)
+        transformer = await self._open_transform(stack)
+        batches = await stack.enter_async_context(
+            contextlib.aclosing(self._batches(stack, transformer))
+        )
+        async with asyncio.TaskGroup() as tg:
+            if get is not None:
+                skip = self.skips is not None
+                self._fetcher = Fetcher(
+                    get,
+                    options.fetch_concurrency,
+                    tg.create_task,
+                    skip,
+                    self.meter,
+                    self._tuner,
+                    lambda limit: self._resize(),
+                )
+            if device is not None:
+                tg.create_task(self._device_pump(device), name="device")
+            admitted, meter = 0, self.meter
+            while True:
+                asked = now()
+                await self._window.admit()
+                if meter.waiting.level:  # the slot freed up while batches sat ready
+                    meter.backpressure += now() - asked
+                item = await anext(batches, None)
+                if item is None:
+                    self._window.release()
+                    break
+                seq, indices, samples = item
+                self._inflight[seq] = indices
+                process = self._process(transformer, seq, indices, samples)
+                tg.create_task(process, name=f"batch:{seq}")
+                admitted += 1
+            if self._fetcher is not None:
+                self._fetcher.close()
+            self._buffer.finish(admitted)
+
+    def _let_sampler_go(self) -> None:
+        """At the end: frees the sampler's indices, unless the next epoch must first run it to
+        its end (see :class:`~asyncloader._pipeline.epoch_start.SamplerCursor`)."""
+        cursor = self.start_info.index_iter
+        if isinstance(cursor, SamplerCursor) and not self.took_every_batch():
+            cursor.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._buffer.fail(exc)
+        self._out.fail(exc)
+
+    @property
+    def _seeds(self) -> Seeds:
+        """How this epoch's batches seed the global RNGs (see :mod:`asyncloader._base.seeding`)."""
+        return Seeds.of(self.start_info.seed, self._options.seed_per_sample)
+
+    def _window_size(self) -> int:
+        """The window for the fetch limit and ``prefetch`` now. Under ``io_concurrency="auto"``
+        it has room to queue as many samples as are in flight, so a fetch held back by its
+        limit shows it (see ``_tuning.io_limit``)."""
+        options = self._options
+        if self._tuner is not None:
+            fetching = 2 * (self._fetcher.limit if self._fetcher else self._tuner.limit)
+        else:
+            fetching = options.fetch_room
+        return options.window_for(fetching, self.prefetch)
+
+    def _resize(self) -> None:
+        """A tuner moved the fetch limit or ``prefetch``: the window and the engine's room
+        follow."""
+        if self._prefetcher is not None:
+            self.prefetch = self._prefetcher.prefetch
+        self._window.resize(self._window_size())
+        if self._transformer is not None:
+            self._transformer.resize(self._options.engine_window_for(self.prefetch))
+
+    def _open_fetch_needed(self) -> bool:
+        """Samples are fetched on this loop one by one (see :meth:`_open_fetch`)."""
+        options = self._options
+        if options.workers_fetch or options.batch_fetch:
+            return False
+        return options.kind in (SourceKind.ASYNC_MAP, SourceKind.MAP)
+
+    def _open_fetch(
+        self, stack: contextlib.AsyncExitStack
+    ) -> Callable[[Any], Awaitable[Any]] | None:
+        """How the loop fetches one sample, or ``None`` where the engine fetches them, or
+        where a :class:`BatchFetcher` fetches each batch in one ``__getitems__`` call (for a
+        user's executor, which transforms and collates them)."""
+        options = self._options
+        if options.engine_fetches:
+            return None
+        if options.kind is SourceKind.ASYNC_MAP:
+            return options.dataset.__getitem__
+        if options.kind is not SourceKind.MAP:
+            return None
+        threads = loader_threads(options.fetch_concurrency, "asyncloader-fetch")
+        _shut_down_with(stack, threads)
+        if options.batch_fetch:
+            skip, aligned = options.on_error == "skip", options.transform is not None
+            self._fetcher = BatchFetcher(
+                options.dataset, threads, options.fetch_concurrency, skip, aligned, self.meter
+            )
+            return None
+        loop, seed, getitem = (
+            asyncio.get_running_loop(),
+            self._seeds.sample_seeds,
+            options.dataset.__getitem__,
+        )
+        return lambda index: loop.run_in_executor(threads, call_seeded, seed, index, getitem, index)
+
+    def _open_device(self, stack: contextlib.AsyncExitStack) -> DeviceStage | None:
+        options = self._options
+        if not options.device_stage:
+            return None
+        target = None if options.device is None else torch.device(options.device)
+        device = DeviceStage(
+            options.pin_memory and torch.cuda.is_available(), target, options.device_transform
+        )
+        stack.push_async_callback(run_in_thread, device.close, "asyncloader-reaper")
+        return device
+
+    async def _open_transform(self, stack: contextlib.AsyncExitStack) -> Transformer:
+        """The engine of this epoch (worker pool, user executor or a loader thread)."""
+        options, seeds = self._options, self._seeds
+        plan = BatchPlan.of(options)
+        inline = None
+        engine: Engine
+        if self._lease is not None:
+            engine = await stack.enter_async_context(self._lease)
+        elif options.executor is not None:
+            engine = ExecutorEngine(options.executor, plan)
+        else:  # the loader's threads; whole batches in the fetch threads (engine_fetches)
+            name = "asyncloader-fetch" if options.engine_fetches else "asyncloader-transform"
+            threads = loader_threads(options.engine_width, name)
+            engine = ExecutorEngine(threads, plan, owned=True)
+            stack.push_async_callback(run_in_thread, engine.shutdown, "asyncloader-reaper")
+            inline = inline_plan(plan, seeds)
+        self._transformer = Transformer(
+            engine, options.engine_window_for(self.prefetch), seeds, self._inflight, inline,
+            self.meter,
+        )  # fmt: skip
+        return self._transformer
+
+    def _batches(
+        self, stack: contextlib.AsyncExitStack, transformer: Transformer
+    ) -> AsyncGenerator[Batch, None]:
+        options, start = self._options, self.start_info
+        if options.worker_streams:  # the engine is then a WorkerEngine (Options sees to it)
+            engine = cast(WorkerEngine, transformer.engine)
+            return worker_stream_batches(engine, options, start, self.progress, transformer.crashed)
+        if options.kind.is_map:
+            assert start.index_iter is not None
+            return map_batches(options, start.index_iter, start.resume)
+        thread = None
+        if options.kind is SourceKind.ITERABLE:
+            thread = loader_threads(1, "asyncloader-source")
+            _shut_down_with(stack, thread)
+        return stream_batches(
+            options,
+            start.source_iter,
+            start.claim,
+            start.resume,
+            start.first_seq,
+            self.progress,
+            thread,
+        )
+
+    async def _process(
+        self,
+        transformer: Transformer,
+        seq: int,
+        indices: Sequence[Any],
+        samples: list[Any] | Made | None,
+    ) -> None:
+        """Takes one batch through fetch and transform (or receives it made by a worker's
+        stream) and into the reorder buffer."""
+        if isinstance(samples, Made):
+            result = transformer.received(samples.result)
+        else:
+            result = await fetch_then_run(self._fetcher, transformer.run, seq, indices, samples)
+        self.meter.waiting.add(1, now())
+        self._buffer.put(seq, result)
+
+    async def _device_pump(self, device: DeviceStage) -> None:
+        """Moves batches, in order, from the reorder buffer through the device thread.
+
+        Runs at most ``device_depth`` batches ahead of the consumer: room is taken before a
+        batch leaves the reorder buffer and returned when the consumer receives it.
+        """
+        forwarded = 0
+        while True:
+            await self._device_room.acquire()
+            try:
+                seq, item = await self._buffer.get()
+            except StopAsyncIteration:
+                self._out.finish(forwarded)
+                return
+            trimmed = item if type(item) is Trimmed else None
+            if trimmed is not None:
+                item = trimmed.batch
+            if not isinstance(item, Failure) and not (trimmed and trimmed.empty):
+                began = now()
+                try:
+                    item = await device.move(item)
+                except Exception as exc:
+                    item = Failure.capture(exc, "device", seq, self._inflight.get(seq, ()))
+                self.meter.device.add(now() - began)
+            if trimmed is not None:
+                trimmed.batch, item = item, trimmed
+            self._out.put(seq, item)
+            forwarded += 1

@@ -1,0 +1,148 @@
+"""Executor offload with a bounded in-flight window.
+
+One task per batch runs :func:`asyncloader._worker.plan.run_batch` on the epoch's engine (fetch when
+the engine holds the dataset, then transform and collate). At most ``window`` batches are in
+the engine at once, ``window`` the largest size the room ever had (``prefetch="auto"`` resizes
+it; see :class:`~asyncloader._base.window.Window`).
+
+When the plan holds only torch's default collate (no dataset, no transform, no per-sample
+seeding), a batch smaller than :data:`INLINE_COLLATE_BYTES` may be collated right on the event
+loop instead: a copy of a few KiB costs less than the two thread hops (and the GIL hand-offs)
+of a trip through the executor. There, :func:`collate_small` stacks numeric numpy samples in
+one numpy call instead of a tensor per sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate, default_convert
+
+from asyncloader._base.seeding import Seeds
+from asyncloader._base.skipping import Trimmed
+from asyncloader._base.structure import nbytes
+from asyncloader._base.threads import run_in_thread
+from asyncloader._base.window import Window
+from asyncloader._engines.engine import Engine
+from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._worker.plan import BatchPlan, run_batch
+from asyncloader._worker.transport import from_shared
+from asyncloader.errors import WorkerCrashedError
+
+#: Batches below this size that need only the default collate may be collated on the loop: a
+#: copy of at most this much takes microseconds, less than the thread hops it saves, and is
+#: too small to be worth torch's intra-op thread pool.
+INLINE_COLLATE_BYTES = 64 * 1024
+
+
+def collate_small(samples: list[Any]) -> Any:
+    """torch's ``default_collate``, with a fast path for the commonest small batch.
+
+    Numeric numpy arrays of one shape and dtype are stacked by ``np.stack`` and wrapped with
+    ``torch.from_numpy``: the same values, dtype and shape as ``default_collate`` gives, without
+    a ``torch.as_tensor`` per sample (which costs more than the copy for small samples).
+    Anything else goes to ``default_collate`` unchanged, errors included.
+    """
+    first = samples[0]
+    if type(first) is np.ndarray and first.dtype.kind in "biufc" and first.dtype.isnative:
+        shape, dtype = first.shape, first.dtype
+        if all(type(s) is np.ndarray and s.shape == shape and s.dtype == dtype for s in samples):
+            return torch.from_numpy(np.stack(samples))
+    return default_collate(samples)
+
+
+def inline_plan(plan: BatchPlan, seeds: Seeds) -> BatchPlan | None:
+    """The plan to run on the loop for small batches, or None: collate must be all there is to
+    do (no dataset, no transform, no per-sample seeding, torch's default collate)."""
+    if (
+        plan.dataset is not None
+        or plan.transform is not None
+        or plan.collate not in (default_collate, default_convert)
+        or seeds.per_sample
+    ):
+        return None
+    if plan.collate is default_collate:
+        return dataclasses.replace(plan, collate=collate_small)
+    return plan
+
+
+class Transformer:
+    """Submits batches to ``engine``, at most ``window`` at once.
+
+    Args:
+        engine: Where batches are processed.
+        window: Batches at most in the engine (:meth:`resize` moves it).
+        seeds: How batches seed the global RNGs (:class:`~asyncloader._base.seeding.Seeds`).
+        inflight: seq -> indices of the batches not yet handed to the consumer (for crash
+            reports).
+        inline: A plan (from :func:`inline_plan`) under which small batches are collated on
+            the loop: only for an engine of the loader's own threads, which the loop would
+            otherwise wait on.
+        meter: Told each batch's round trip and the batches in the engine.
+    """
+
+    __slots__ = ("_inflight", "_inline", "_meter", "_room", "_seeds", "engine")
+
+    def __init__(
+        self,
+        engine: Engine,
+        window: int,
+        seeds: Seeds | None,
+        inflight: Mapping[int, Sequence[Any]],
+        inline: BatchPlan | None = None,
+        meter: EpochMeter | None = None,
+    ) -> None:
+        self.engine = engine
+        self._meter = meter
+        self._room = Window(window)
+        self._seeds = seeds
+        self._inflight = inflight
+        self._inline = inline
+
+    def resize(self, window: int) -> None:
+        """Batches at most in the engine from now on (a smaller room is reached as batches
+        leave it)."""
+        self._room.resize(window)
+
+    async def run(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
+        """Returns batch ``seq`` (or its Failure, or under ``on_error="skip"`` a Trimmed).
+
+        Raises:
+            WorkerCrashedError: A worker process died while the engine held this batch.
+        """
+        inline = self._inline
+        if inline and samples and nbytes(samples[0]) * len(samples) < INLINE_COLLATE_BYTES:
+            return run_batch(inline, seq, indices, samples, None)
+        async with self._room:
+            meter = self._meter
+            began = now() if meter is not None else 0.0
+            try:  # submit() itself raises once the pool is broken
+                future = self.engine.submit(seq, indices, samples, self._seeds)
+                return self.received(await asyncio.wrap_future(future))
+            except BrokenProcessPool as exc:
+                raise await self.crashed(exc) from exc
+            finally:
+                if meter is not None:
+                    meter.engine.add(now() - began)
+
+    @staticmethod
+    def received(result: Any) -> Any:
+        """A batch as the engine returned it, unpacked in this process."""
+        if type(result) is Trimmed:  # on_error="skip" left samples out
+            result.batch = from_shared(result.batch)
+            return result
+        return from_shared(result)
+
+    async def crashed(self, exc: BaseException) -> WorkerCrashedError:
+        """The error for a worker that died: which, how, and the batches it held."""
+        engine, inflight = self.engine, self._inflight
+        details = await run_in_thread(lambda: engine.describe_crash(inflight), "asyncloader-crash")
+        return WorkerCrashedError(
+            f"{details or exc}. The pool is discarded: iterate the loader again for a fresh one."
+        )

@@ -1,0 +1,200 @@
+"""What the executor does to one batch: fetch, transform and collate, calling the user's code.
+
+The work unit is a batch, so per-task overhead (IPC, pickling) is paid once per batch. In
+asyncloader's own process pool the :class:`BatchPlan` (dataset, transform, collate) reaches
+each worker once, through the pool's initializer; tasks then carry only ``(seq, indices)`` or
+the raw samples fetched on the event loop. With a user executor or without workers the plan
+travels with each task instead (by reference in threads, pickled for a foreign process pool).
+A batch made in a worker process leaves it through :func:`leave_worker`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncloader._base.failure import Failure
+from asyncloader._base.seeding import Seeds, call_seeded
+from asyncloader._base.skipping import Skip, Trimmed
+from asyncloader._base.worker_info import get_worker_info
+from asyncloader._worker.getitems import getitems, getitems_skipping
+from asyncloader._worker.startup import init_failure, mark_running, shares_batches, worker_plan
+from asyncloader._worker.transport import by_value, to_shared
+
+if TYPE_CHECKING:
+    from asyncloader._config.options import Options
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """What the executor does to one batch.
+
+    Attributes:
+        dataset: Set when the executor fetches samples itself (sync map-style source).
+        transform: Applied to every sample, or ``None``.
+        collate: Turns the list of samples into the batch (or converts one sample when not
+            batching).
+        batched: ``False`` for ``batch_size=None``: each batch is a single sample.
+        skip: ``on_error="skip"``: a sample whose fetch or transform raises is left out of its
+            batch (see :func:`run_skipping`).
+        getitems: The dataset's ``__getitems__`` fetches each batch in one call
+            (:mod:`asyncloader._worker.getitems`).
+    """
+
+    dataset: Any
+    transform: Callable[[Any], Any] | None
+    collate: Callable[[Any], Any]
+    batched: bool
+    skip: bool = False
+    getitems: bool = False
+
+    @classmethod
+    def of(cls, options: Options) -> BatchPlan:
+        """What the executor does to each batch of a loader with ``options``."""
+        return cls(
+            dataset=options.dataset if options.engine_fetches else None,
+            transform=options.transform,
+            collate=options.collate,
+            batched=options.batched,
+            skip=options.on_error == "skip",
+            getitems=options.batch_fetch,
+        )
+
+    def sent(self, worker_init_fn: Any) -> dict[str, Any]:
+        """What a worker process holding this plan receives, by the loader argument's name."""
+        return {
+            "dataset": self.dataset,
+            "transform": self.transform,
+            "collate_fn": self.collate,
+            "worker_init_fn": worker_init_fn,
+        }
+
+
+def leave_worker(batch: Any) -> Any:
+    """``batch`` ready to leave this process: through shared memory from a worker of this
+    machine's pool; by value from a Ray actor (numpy arrays travel out of band there, where
+    a tensor is pickled whole by ``torch.save``); as it is anywhere else."""
+    if shares_batches():
+        return to_shared(batch)
+    if get_worker_info() is not None:
+        return by_value(batch)
+    return batch
+
+
+def run_batch(
+    plan: BatchPlan | None,
+    seq: int,
+    indices: Sequence[Any],
+    samples: list[Any] | None,
+    seeds: Seeds | None = None,
+) -> Any:
+    """Fetches (when ``samples`` is None: one ``__getitems__`` call with ``plan.getitems``,
+    else ``__getitem__`` per index), transforms and collates one batch.
+
+    Args:
+        plan: What to do, or ``None`` in a worker that holds its plan already.
+        seeds: How to seed the global RNGs first (:class:`~asyncloader._base.seeding.Seeds`): in a
+            worker process from ``(epoch seed, seq)`` once; with ``per_sample`` from
+            ``(epoch seed, index)`` before each sample's ``__getitem__`` and ``transform``
+            and from ``(epoch seed, seq)`` before collate. Either way the batch is the same
+            whichever worker makes it.
+
+    Returns:
+        The batch (ready to leave the process, in a worker process), or a :class:`Failure`
+        naming the stage and sample that raised.
+    """
+    if (failed := init_failure()) is not None:
+        return failed
+    plan = plan if plan is not None else worker_plan()
+    assert plan is not None, "run_batch without a plan outside an initialised worker"
+    mark_running(seq)
+    epoch_seed = None
+    if seeds is not None:
+        seeds.seed_batch(seq)
+        epoch_seed = seeds.sample_seeds
+    if plan.skip:
+        try:
+            return run_skipping(plan, seq, indices, samples, epoch_seed)
+        finally:
+            mark_running(-1)
+    stage, index = "fetch", None
+    try:
+        if samples is None and plan.getitems:
+            samples = getitems(plan.dataset, indices, plan.transform is not None)
+        elif samples is None:
+            samples = []
+            getitem = plan.dataset.__getitem__
+            for index in indices:
+                samples.append(call_seeded(epoch_seed, index, getitem, index))
+        if plan.transform is not None:
+            stage = "transform"
+            transform = plan.transform
+            for pos in range(len(samples)):
+                index = indices[pos]
+                samples[pos] = call_seeded(epoch_seed, index, transform, samples[pos])
+        stage, index = "collate", None
+        batch = call_seeded(
+            epoch_seed, -1 - seq, plan.collate, samples if plan.batched else samples[0]
+        )
+        stage = "share"
+        return leave_worker(batch)
+    except Exception as exc:
+        return Failure.capture(exc, stage, seq, indices, index)
+    finally:
+        mark_running(-1)
+
+
+def run_skipping(
+    plan: BatchPlan,
+    seq: int,
+    indices: Sequence[Any],
+    samples: list[Any] | None,
+    epoch_seed: int | None,
+) -> Any:
+    """:func:`run_batch` under ``on_error="skip"``: a sample whose ``__getitem__`` or
+    ``transform`` raises an ``Exception`` is left out; collate errors fail the batch (and a
+    ``__getitems__`` error that no sample's ``__getitem__`` repeats: see
+    :func:`~asyncloader._worker.getitems.getitems_skipping`).
+
+    Returns:
+        The batch when no sample was left out; else a :class:`Trimmed` around the batch of the
+        samples kept (or around the collate Failure, or empty when none was kept), with one
+        :class:`Skip` per sample left out.
+    """
+    skips: list[Skip] = []
+    kept: list[Any] = []
+    if samples is None and plan.getitems:
+        try:
+            kept, skips = getitems_skipping(plan.dataset, seq, indices)
+        except Exception as exc:
+            return Failure.capture(exc, "fetch", seq, indices)
+    elif samples is None:
+        getitem = plan.dataset.__getitem__
+        for index in indices:
+            try:
+                kept.append((index, call_seeded(epoch_seed, index, getitem, index)))
+            except Exception as exc:
+                skips.append(Skip.capture(exc, "fetch", seq, indices, index))
+    else:
+        kept = list(zip(indices, samples, strict=True))
+    if plan.transform is not None:
+        transform, transformed = plan.transform, []
+        for index, sample in kept:
+            try:
+                transformed.append((index, call_seeded(epoch_seed, index, transform, sample)))
+            except Exception as exc:
+                skips.append(Skip.capture(exc, "transform", seq, indices, index))
+        kept = transformed
+    if not kept:
+        return Trimmed(None, skips, empty=True)
+    stage = "collate"
+    try:
+        values = [sample for _, sample in kept]
+        collated = values if plan.batched else values[0]
+        batch = call_seeded(epoch_seed, -1 - seq, plan.collate, collated)
+        stage = "share"
+        batch = leave_worker(batch)
+    except Exception as exc:
+        batch = Failure.capture(exc, stage, seq, indices)
+    return Trimmed(batch, skips) if skips else batch

@@ -1,0 +1,168 @@
+"""The package's layers, checked on its source: which module may import which.
+
+A module imports only from its own package or from the layers below it (``TYPE_CHECKING``
+and function-level imports count too); ``sources/`` sees only ``_base`` and ``errors``;
+nothing under ``_worker/`` imports code of the training process's side; ``ray`` is imported
+only by ``ray.py`` and ``_engines/ray/``. The rules are also written in each subpackage's
+``__init__.py`` and in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+from pathlib import Path
+
+import asyncloader
+from asyncloader._engines import start_method
+
+PACKAGE = Path(asyncloader.__file__).parent
+
+#: The private layers, lowest first: each may import its own package and those before it.
+LAYERS = ("_base", "_config", "_tuning", "_worker", "_checkpoint", "_engines", "_pipeline")
+#: Public modules: they sit on top and may import every layer.
+PUBLIC = ("__init__", "loader", "diagnose", "images", "ray")
+#: What a worker process's code must never import: the training process's side.
+PARENT_SIDE = ("_checkpoint", "_engines", "_pipeline", "sources", *PUBLIC[1:])
+RAY_IMPORTERS = ("asyncloader.ray", "asyncloader._engines.ray")
+
+
+def _parse(source: str) -> ast.Module:
+    """``ast.parse``, tried again on CPython 3.11's spurious "AST constructor recursion depth
+    mismatch" (python/cpython#106905; see tests/test_layout.py)."""
+    for _ in range(2):
+        try:
+            return ast.parse(source)
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc):
+                raise
+    return ast.parse(source)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` of everything ``source`` imports, anywhere in it (function
+    bodies and ``if TYPE_CHECKING:`` included), relative imports resolved against ``module``.
+    ``from a.b import c`` gives ``a.b.c`` (``c`` may be a module or a name in ``a.b``)."""
+    found = []
+    for node in ast.walk(_parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                parts = parts if is_package else parts[:-1]
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _where(module: str) -> str:
+    """The part of asyncloader ``module`` belongs to: a layer, ``sources``, ``errors`` or a
+    public module's name."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def violation(module: str, imported: str) -> str | None:
+    """Why ``module`` (in asyncloader) may not import ``imported``; ``None`` when it may."""
+    here = _where(module)
+    top = imported.split(".")[0]
+    if top == "ray" and not module.startswith(RAY_IMPORTERS):
+        return "only asyncloader.ray and asyncloader._engines.ray import ray"
+    if top != "asyncloader":
+        return None
+    there = _where(imported)
+    if imported.startswith("asyncloader._engines.ray") and not module.startswith(RAY_IMPORTERS):
+        return "only asyncloader.ray imports asyncloader._engines.ray (it imports ray)"
+    if there == here or there == "errors":
+        return None
+    if here == "errors":
+        return "errors imports nothing of asyncloader"
+    if here == "sources":
+        return None if there == "_base" else "sources see only _base and errors"
+    if here in PUBLIC:
+        return None
+    if here == "_worker" and there in PARENT_SIDE:
+        return "code that runs in a worker process imports no training-process code"
+    if there not in LAYERS:
+        return (
+            f"the core sees {there} only through _base"
+            if there == "sources"
+            else (f"a private layer imports no public module ({there})")
+        )
+    if LAYERS.index(there) > LAYERS.index(here):
+        return f"{here} is below {there}: layers import only their own package or lower ones"
+    return None
+
+
+def offenders() -> list[str]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        for line, imported in imports_of(module, path.read_text(), path.name == "__init__.py"):
+            why = violation(module, imported)
+            if why is not None:
+                rel = path.relative_to(PACKAGE.parent)
+                found.append(f"{rel}:{line} imports {imported}: {why}")
+    return found
+
+
+def test_every_module_imports_only_its_own_layer_or_lower_ones():
+    """No module imports upwards, TYPE_CHECKING and function-level imports included."""
+    assert offenders() == []
+
+
+def test_the_checker_names_an_offending_import():
+    """The walk resolves relative and TYPE_CHECKING imports and names what breaks a rule."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from .._pipeline.epoch import Epoch\n"
+        "def f():\n"
+        "    import ray\n"
+    )
+    found = imports_of("asyncloader._worker.loop", source)
+    assert (3, "asyncloader._pipeline.epoch.Epoch") in found
+    assert violation("asyncloader._worker.loop", "asyncloader._pipeline.epoch.Epoch")
+    assert violation("asyncloader._worker.loop", "ray")
+    assert violation("asyncloader._base.kinds", "asyncloader._config.options")
+    assert violation("asyncloader.sources._sharded", "asyncloader._worker.startup")
+    assert violation("asyncloader._config.options", "asyncloader.sources.SourceKind")
+    assert violation("asyncloader._pipeline.epoch", "asyncloader._engines.ray.group")
+    assert violation("asyncloader._tuning.meter", "asyncloader.sources._retry.RETRIES")
+    assert violation("asyncloader._engines.local_pool", "asyncloader._worker.startup") is None
+    assert violation("asyncloader.sources._sharded", "asyncloader._base.worker_info") is None
+    assert violation("asyncloader._engines.ray.group", "ray") is None
+
+
+def test_private_packages_are_layers_with_a_docstring_and_plain_module_names():
+    """Every private subpackage is a known layer whose __init__ is only its docstring (what the
+    layer does and may import); modules inside drop the leading underscore."""
+    packages = {p.parent for p in PACKAGE.rglob("__init__.py")} - {PACKAGE, PACKAGE / "sources"}
+    assert {p.relative_to(PACKAGE).parts[0] for p in packages} == set(LAYERS)
+    for package in packages:
+        body = _parse((package / "__init__.py").read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr), package
+        assert "Imports" in ast.get_docstring(_parse((package / "__init__.py").read_text()))
+        underscored = [p.name for p in package.glob("_*.py") if p.name != "__init__.py"]
+        assert underscored == [], package
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert top == sorted((*PUBLIC, "errors"))
+
+
+def test_the_fork_servers_preload_names_modules_that_exist():
+    """Every module the fork server preloads (``_PRELOAD``) can be found by that name."""
+    for name in start_method._PRELOAD:
+        if name != "__main__":
+            assert importlib.util.find_spec(name) is not None, name
+            importlib.import_module(name)
