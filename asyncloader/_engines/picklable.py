@@ -20,7 +20,7 @@ import os
 import pickle
 import sys
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -93,39 +93,42 @@ def _problem(obj: Any, main_unimportable: bool) -> BaseException | None:
     return None
 
 
-def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
+def _parts(obj: Any) -> list[tuple[str, Any]]:
     """``(path suffix, part)`` for what pickling ``obj`` pickles in turn, as pickle reduces it."""
     if isinstance(obj, dict):
-        for key, value in obj.items():
-            yield f"[{key!r}]", value
-        return
+        return [(f"[{key!r}]", value) for key, value in obj.items()]
     if isinstance(obj, list | tuple | set | frozenset):
-        for i, value in enumerate(obj):
-            yield f"[{i}]", value
-        return
+        return [(f"[{i}]", value) for i, value in enumerate(obj)]
     if isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType):
-        return  # pickled by reference: it is the part that fails, if any
+        return []  # pickled by reference: it is the part that fails, if any
     try:
         reduced = obj.__reduce_ex__(_PROTOCOL)
     except Exception:
-        return
-    if not isinstance(reduced, tuple):
-        return
+        return []
+    return _reduced_parts(reduced) if isinstance(reduced, tuple) else []
+
+
+def _reduced_parts(reduced: tuple[Any, ...]) -> list[tuple[str, Any]]:
+    """The parts of a ``__reduce_ex__`` value: state, arguments, list and dict items."""
+    parts = _state_parts(reduced[2] if len(reduced) > 2 else None)
     args = reduced[1] if len(reduced) > 1 else ()
-    state = reduced[2] if len(reduced) > 2 else None
+    parts += [
+        (f".__reduce__()[1][{i}]", value)
+        for i, value in enumerate(args or ())
+        if not isinstance(value, type)  # copyreg.__newobj__'s class argument
+    ]
+    for items in reduced[3:5]:
+        if items is not None:
+            parts += [(f".items[{i}]", value) for i, value in enumerate(items)]
+    return parts
+
+
+def _state_parts(state: Any) -> list[tuple[str, Any]]:
     if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
         state = {**(state[0] or {}), **state[1]}  # (__dict__, __slots__ values)
     if isinstance(state, dict):
-        for key, value in state.items():
-            yield (f".{key}" if isinstance(key, str) else f"[{key!r}]"), value
-    elif state is not None:
-        yield ".__getstate__()", state
-    for i, value in enumerate(args or ()):
-        if not isinstance(value, type):  # copyreg.__newobj__'s class argument
-            yield f".__reduce__()[1][{i}]", value
-    for extra, tail in ((3, ".items"), (4, ".items")):
-        if len(reduced) > extra and reduced[extra] is not None:
-            yield from ((f"{tail}[{i}]", v) for i, v in enumerate(reduced[extra]))
+        return [((f".{k}" if isinstance(k, str) else f"[{k!r}]"), v) for k, v in state.items()]
+    return [] if state is None else [(".__getstate__()", state)]
 
 
 def locate(obj: Any, path: str, main_unimportable: bool) -> tuple[str, Any, BaseException]:
