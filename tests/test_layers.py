@@ -16,6 +16,7 @@ from pathlib import Path
 
 import asyncloader
 from asyncloader._engines import start_method
+from tests.helpers.parsing import parse
 
 PACKAGE = Path(asyncloader.__file__).parent
 
@@ -26,18 +27,6 @@ PUBLIC = ("__init__", "loader", "diagnose", "images", "ray")
 #: What a worker process's code must never import: the training process's side.
 PARENT_SIDE = ("_checkpoint", "_engines", "_pipeline", "sources", *PUBLIC[1:])
 RAY_IMPORTERS = ("asyncloader.ray", "asyncloader._engines.ray")
-
-
-def _parse(source: str) -> ast.Module:
-    """``ast.parse``, tried again on CPython 3.11's spurious "AST constructor recursion depth
-    mismatch" (python/cpython#106905; see tests/test_layout.py)."""
-    for _ in range(2):
-        try:
-            return ast.parse(source)
-        except SystemError as exc:
-            if "recursion depth mismatch" not in str(exc):
-                raise
-    return ast.parse(source)
 
 
 def _module_name(path: Path) -> str:
@@ -52,7 +41,7 @@ def imports_of(module: str, source: str, is_package: bool = False) -> list[tuple
     bodies and ``if TYPE_CHECKING:`` included), relative imports resolved against ``module``.
     ``from a.b import c`` gives ``a.b.c`` (``c`` may be a module or a name in ``a.b``)."""
     found = []
-    for node in ast.walk(_parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -151,9 +140,9 @@ def test_private_packages_are_layers_with_a_docstring_and_plain_module_names():
     packages = {p.parent for p in PACKAGE.rglob("__init__.py")} - {PACKAGE, PACKAGE / "sources"}
     assert {p.relative_to(PACKAGE).parts[0] for p in packages} == set(LAYERS)
     for package in packages:
-        body = _parse((package / "__init__.py").read_text()).body
+        body = parse((package / "__init__.py").read_text()).body
         assert len(body) == 1 and isinstance(body[0], ast.Expr), package
-        assert "Imports" in ast.get_docstring(_parse((package / "__init__.py").read_text()))
+        assert "Imports" in ast.get_docstring(parse((package / "__init__.py").read_text()))
         underscored = [p.name for p in package.glob("_*.py") if p.name != "__init__.py"]
         assert underscored == [], package
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))

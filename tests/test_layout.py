@@ -9,30 +9,18 @@ import pytest
 import asyncloader
 from asyncloader._config.options import Options
 from tests.helpers import SyncSource
+from tests.helpers.parsing import parse
 
 PACKAGE = Path(asyncloader.__file__).parent
 COMPAT = PACKAGE / "_base" / "compat.py"
 FOREIGN = ("torch", "multiprocessing", "concurrent")
 
 
-def _parse(source: str) -> ast.Module:
-    """``ast.parse``, tried again when CPython 3.11 raises its spurious "AST constructor
-    recursion depth mismatch" (python/cpython#106905; seen once in a full run here, with the
-    suite's other threads alive)."""
-    for _ in range(2):
-        try:
-            return ast.parse(source)
-        except SystemError as exc:
-            if "recursion depth mismatch" not in str(exc):
-                raise
-    return ast.parse(source)
-
-
 def _private_uses(path: Path) -> list[str]:
     """Underscored names of torch, multiprocessing or concurrent.futures used in ``path``:
     private module imports, and ``getattr(x, "_name")`` reads."""
     found = []
-    for node in ast.walk(_parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             parts = node.module.split(".")
             names = [alias.name for alias in node.names]
