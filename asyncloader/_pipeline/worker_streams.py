@@ -62,29 +62,20 @@ async def worker_stream_batches(
     asked = [w["delivered"] for w in workers]  # the next batch number to ask each for
     ahead: list[deque[asyncio.Future[Any]]] = [deque() for _ in range(n)]
 
-    epoch = start.number if options.distributed else None
-    resumed = bool(start.resume.start or start.resume.skip)
-    openings = [
-        StreamOpen(token, start.seed + w, worker["delivered"], worker["state"], epoch, resumed)
-        for w, worker in enumerate(workers)
-    ]
+    openings = _openings(options, start, token, workers)
 
-    def ask(w: int) -> None:
-        ahead[w].append(asyncio.wrap_future(engine.next_stream(w, openings[w], asked[w])))
-        asked[w] += 1
+    def ask(w: int, count: int = 1) -> None:
+        for _ in range(count):
+            ahead[w].append(asyncio.wrap_future(engine.next_stream(w, openings[w], asked[w])))
+            asked[w] += 1
 
     seq, w = start.first_seq, saved["next"]
     try:
         live = [i for i, worker in enumerate(workers) if not worker["ended"]]
         opened = [asyncio.wrap_future(engine.open_stream(i, openings[i])) for i in live]
         for i in live:
-            for _ in range(options.prefetch):
-                ask(i)
-        # What each worker's __iter__ (and a restored state) made is the state before the
-        # first batch, as it is without workers; state_dict() waits for it (Progress).
-        for i, answer in zip(live, await asyncio.gather(*opened), strict=True):
-            if answer not in (LOST, SUPERSEDED) and answer is not None:
-                workers[i]["state"] = answer
+            ask(i, options.prefetch)
+        _opened_states(workers, live, await asyncio.gather(*opened))
         progress.source_state_before(seq, _merge_state(workers, w))
         progress.source_opened()
         while not all(worker["ended"] for worker in workers):
@@ -93,23 +84,9 @@ async def worker_stream_batches(
             elif workers[w]["ended"]:
                 w = (w + 1) % n
                 continue
-            answer = await ahead[w].popleft()
-            if answer == SUPERSEDED:
-                raise AsyncLoaderError(
-                    "a newer epoch of this loader took over its persistent workers' iteration "
-                    "of the source: they iterate one epoch at a time, as DataLoader's do"
-                )
-            if answer == LOST:
-                raise WorkerCrashedError(
-                    f"worker {w} has lost its iteration of the source (it was restarted): the "
-                    "epoch cannot go on exactly once. Resume from the last state_dict()."
-                )
+            answer = _checked(await ahead[w].popleft(), w)
             if isinstance(answer, Ended):
-                workers[w]["ended"] = True
-                workers[w]["state"] = answer.state
-                for future in ahead[w]:
-                    future.cancel()
-                ahead[w].clear()
+                _ended(workers[w], ahead[w], answer)
                 continue
             indices, result, state = answer
             workers[w]["delivered"] += 1
@@ -126,8 +103,61 @@ async def worker_stream_batches(
     finally:
         progress.source_opened()
         for queue in ahead:
-            for future in queue:
-                future.cancel()
+            _cancel(queue)
+
+
+def _openings(
+    options: Options, start: EpochStart, token: int, workers: list[dict[str, Any]]
+) -> list[StreamOpen]:
+    """How each worker opens its iteration of this epoch: seed, and where to continue."""
+    epoch = start.number if options.distributed else None
+    resumed = bool(start.resume.start or start.resume.skip)
+    return [
+        StreamOpen(token, start.seed + w, worker["delivered"], worker["state"], epoch, resumed)
+        for w, worker in enumerate(workers)
+    ]
+
+
+def _opened_states(workers: list[dict[str, Any]], live: list[int], answers: list[Any]) -> None:
+    """What each worker's ``__iter__`` (and a restored state) made is the state before the
+    first batch, as it is without workers; ``state_dict()`` waits for it (Progress)."""
+    for i, answer in zip(live, answers, strict=True):
+        if answer not in (LOST, SUPERSEDED) and answer is not None:
+            workers[i]["state"] = answer
+
+
+def _checked(answer: Any, w: int) -> Any:
+    """``answer`` from worker ``w``, unless it says the iteration is no longer this epoch's.
+
+    Raises:
+        AsyncLoaderError: A newer epoch took the persistent workers' iteration over.
+        WorkerCrashedError: The worker was restarted and lost its place.
+    """
+    if answer == SUPERSEDED:
+        raise AsyncLoaderError(
+            "a newer epoch of this loader took over its persistent workers' iteration "
+            "of the source: they iterate one epoch at a time, as DataLoader's do"
+        )
+    if answer == LOST:
+        raise WorkerCrashedError(
+            f"worker {w} has lost its iteration of the source (it was restarted): the "
+            "epoch cannot go on exactly once. Resume from the last state_dict()."
+        )
+    return answer
+
+
+def _ended(worker: dict[str, Any], ahead: deque[asyncio.Future[Any]], answer: Ended) -> None:
+    """A worker's iteration ended: it leaves the turn with its final state."""
+    worker["ended"] = True
+    worker["state"] = answer.state
+    _cancel(ahead)
+
+
+def _cancel(ahead: deque[asyncio.Future[Any]]) -> None:
+    """Cancels the batches asked of a worker ahead, and forgets them."""
+    for future in ahead:
+        future.cancel()
+    ahead.clear()
 
 
 async def _first_ready(
