@@ -11,15 +11,13 @@ import os
 import socket
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.helpers import shard_set
-from tests.helpers.processes import Exits
+from tests.helpers.processes import run_job
 from tests.torchrun_scripts.job import MAP_SAMPLES
 
 pytestmark = pytest.mark.timeout(240)
@@ -36,22 +34,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def marked(marker: str) -> list[psutil.Process]:
-    """Processes whose environment carries ``marker`` (the job's, inherited by every child)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("ASYNCLOADER_TEST_JOB") == marker:
-                found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            pass
-    return found
-
-
 def torchrun(ranks: int, *args: str, script: Path = JOB) -> subprocess.CompletedProcess:
     """Runs ``script`` at ``ranks`` ranks on 127.0.0.1; afterwards no process of it is left."""
-    marker = uuid.uuid4().hex
-    env = {**os.environ, "ASYNCLOADER_TEST_JOB": marker, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     command = [
         sys.executable, "-m", "torch.distributed.run",
@@ -59,23 +44,7 @@ def torchrun(ranks: int, *args: str, script: Path = JOB) -> subprocess.Completed
         "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--max_restarts=0",
         str(script), *args,
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, env=env, cwd=ROOT, start_new_session=True, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-    left = marked(marker)
-    exits = Exits(left)
-    try:
-        assert not exits.wait(30), f"processes of the job outlived it: {left}"
-    finally:
-        exits.close()
-    return subprocess.CompletedProcess(command, proc.returncode, out)
+    return run_job(command, env, ROOT, timeout=150, grace=30)
 
 
 def steps(log: Path) -> list[dict]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
+import subprocess
 import time
+import uuid
 from collections.abc import Iterable
 
 import psutil
@@ -42,3 +45,44 @@ class Exits:
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
+
+
+#: The environment variable that marks every process of a job (inherited by all it starts).
+JOB_MARKER = "ASYNCLOADER_TEST_JOB"
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """Processes whose environment carries ``marker`` (a job's, inherited by every child)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            if proc.environ().get(JOB_MARKER) == marker:
+                found.append(proc)
+    return found
+
+
+def run_job(
+    command: list[str], env: dict[str, str], cwd: object, *, timeout: float, grace: float
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``command`` in a session of its own, marked with a new :data:`JOB_MARKER`; kills
+    its process group only if it is still running at ``timeout``. Every process the job
+    started (its workers, whoever reaps them) must then exit within ``grace`` seconds."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        command, env={**env, JOB_MARKER: marker}, cwd=cwd, start_new_session=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    left = marked(marker)
+    exits = Exits(left)
+    try:
+        assert not exits.wait(grace), f"processes of the job outlived it: {left}"
+    finally:
+        exits.close()
+    return subprocess.CompletedProcess(command, proc.returncode, out)

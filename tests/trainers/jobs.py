@@ -10,61 +10,31 @@ workers, whoever reaps them) must have exited.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from tests.helpers.processes import Exits
+from tests.helpers import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Nothing may be fetched from a hub; these make the Hugging Face libraries fail fast instead.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-def marked(marker: str) -> list[psutil.Process]:
-    """Processes whose environment carries ``marker`` (a job's, inherited by all it starts)."""
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            if proc.environ().get("ASYNCLOADER_TRAINER_JOB") == marker:
-                found.append(proc)
-    return found
-
-
 def run_job(command: list[str], tmp_path: Path, *, timeout: float = 90, returncode: int = 0) -> str:
     """Runs ``command`` (after this interpreter) from the repository root, offline, in a
     session of its own; returns its output once it exited with ``returncode`` and every
     process it started is gone."""
-    marker = uuid.uuid4().hex
-    env = {**os.environ, **OFFLINE, "ASYNCLOADER_TRAINER_JOB": marker, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["HF_HOME"] = str(tmp_path / "hf_home")
-    proc = subprocess.Popen(
-        [sys.executable, *command], cwd=ROOT, env=env, start_new_session=True, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    left = marked(marker)
-    exits = Exits(left)
-    try:
-        assert not exits.wait(15), f"processes of the job outlived it: {left}"
-    finally:
-        exits.close()
-    assert proc.returncode == returncode, f"exit code {proc.returncode}; output:\n{out[-6000:]}"
+    done = processes.run_job([sys.executable, *command], env, ROOT, timeout=timeout, grace=15)
+    out = done.stdout
+    assert done.returncode == returncode, f"exit code {done.returncode}; output:\n{out[-6000:]}"
     return out
 
 
