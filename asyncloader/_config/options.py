@@ -113,6 +113,32 @@ class Options:
 
     def __post_init__(self) -> None:
         kind = source_kind(self.dataset)
+        self._resolve_auto(kind)
+        self._check_plain()
+        _set(self, device=check.resolve_device(self.device, bool(self.pin_memory)))
+        _set(
+            self,
+            mp_context=check.resolve_mp_context(
+                self.mp_context, self.num_workers, self.auto_workers
+            ),
+        )
+        self._resolve_ranks(kind)
+        if kind.is_map:
+            self._sample_map()
+        else:
+            for name in ("shuffle", "sampler", "batch_sampler"):
+                check.check_no_indices(self.loader_name, name, getattr(self, name))
+            check.check_auto_batching(self.batch_size, self.drop_last)
+        collate = self.collate_fn or (default_collate if self.batched else default_convert)
+        _set(self, kind=kind, collate=collate, timeout=float(self.timeout))
+        for name in ("drop_last", "in_order", "pin_memory", "persistent_workers"):
+            _set(self, **{name: bool(getattr(self, name))})
+        _set(self, seed_per_sample=bool(self.seed_per_sample))
+        _set(self, batch_fetch=self._fetches_batches())
+
+    def _resolve_auto(self, kind: SourceKind) -> None:
+        """The engine's worker count, then each ``"auto"`` setting's start and its flag, then
+        the memory budget that bounds the auto settings (which needs one of them)."""
         if self.engine is not None:
             check.check_engine(self.engine, self.num_workers, self.executor)
             _set(self, num_workers=self.engine.num_workers, fetch_in_workers=True)
@@ -138,6 +164,9 @@ class Options:
                 )
         elif auto:
             _set(self, memory_budget=DEFAULT_BUDGET)
+
+    def _check_plain(self) -> None:
+        """Checks the settings that depend on no other (and the workers' combination)."""
         check.check_int("fetch_threads", self.fetch_threads, 1)
         check.check_instance("pin_memory_device", self.pin_memory_device, str, "a str")
         check.check_timeout(self.timeout)
@@ -149,33 +178,8 @@ class Options:
         )
         check.check_fetch_in_workers(self.fetch_in_workers, self.num_workers)
         check.check_instance("generator", self.generator, torch.Generator, "a torch.Generator")
-        _set(self, device=check.resolve_device(self.device, bool(self.pin_memory)))
-        _set(
-            self,
-            mp_context=check.resolve_mp_context(
-                self.mp_context, self.num_workers, self.auto_workers
-            ),
-        )
         if self.batch_size is not None:
             check.check_int("batch_size", self.batch_size, 1)
-        self._resolve_ranks(kind)
-        if kind.is_map:
-            self._sample_map()
-        else:
-            for name in ("shuffle", "sampler", "batch_sampler"):
-                check.check_no_indices(self.loader_name, name, getattr(self, name))
-            check.check_auto_batching(self.batch_size, self.drop_last)
-        collate = self.collate_fn or (default_collate if self.batched else default_convert)
-        _set(self, kind=kind, collate=collate, timeout=float(self.timeout))
-        for name in (
-            "drop_last",
-            "in_order",
-            "pin_memory",
-            "persistent_workers",
-            "seed_per_sample",
-        ):
-            _set(self, **{name: bool(getattr(self, name))})
-        _set(self, batch_fetch=self._fetches_batches())
 
     def _fetches_batches(self) -> bool:
         """:attr:`batch_fetch`: DataLoader's rule (a ``__getitems__`` and automatic batching),
