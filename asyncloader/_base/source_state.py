@@ -7,6 +7,7 @@ Read in the training process and inside workers alike, so it sits at the bottom 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 
@@ -35,3 +36,31 @@ def source_state(dataset: Any, iterator: Any = None) -> dict[str, Any] | None:
     if state["dataset"] is None and state["iterator"] is None:
         return None
     return copy.deepcopy(state)
+
+
+def restore_dataset(
+    dataset: Any, saved: dict[str, Any], tell_epoch: Callable[[], None] | None, mid_epoch: bool
+) -> None:
+    """The order of opening a source, in the training process and in workers alike, first
+    part: the epoch (``tell_epoch``, None when not told) and the dataset's own state.
+
+    ``set_epoch`` may reset a source's position: mid-epoch the loaded position wins (the epoch
+    is told first), at an epoch's start the epoch does (told after the carried-over state).
+    The dataset's state goes in before anything draws (torchdata's order): it may hold RNG
+    states. Then :func:`open_iterator`.
+    """
+    if tell_epoch is not None and mid_epoch:
+        tell_epoch()
+    if saved.get("dataset") is not None:
+        dataset.load_state_dict(saved["dataset"])
+    if tell_epoch is not None and not mid_epoch:
+        tell_epoch()
+
+
+def open_iterator(dataset: Any, saved: dict[str, Any], is_async: bool) -> Any:
+    """The order of opening a source, second part: ``iter()`` (or ``aiter()``), which may
+    reset a position, then the iterator's own state."""
+    iterator = aiter(dataset) if is_async else iter(dataset)
+    if saved.get("iterator") is not None:
+        iterator.load_state_dict(saved["iterator"])
+    return iterator

@@ -28,7 +28,7 @@ import torch
 
 from asyncloader._base.kinds import SourceKind
 from asyncloader._base.seeding import draw_seed
-from asyncloader._base.source_state import source_state
+from asyncloader._base.source_state import open_iterator, restore_dataset, source_state
 from asyncloader._checkpoint.state import (
     Resume,
     decode_rng,
@@ -94,17 +94,9 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
     resume = resume_point(state) if state else Resume()
     number = state["epoch"] if state else number
     cuts = tuple(tuple(c) for c in state.get("distributed", {}).get("history", ())) if state else ()
-    # set_epoch may reset a source's position: mid-epoch the loaded position wins (told
-    # first), at an epoch's start the epoch does (told after its carried-over state)
+    tell = (lambda: tell_epoch(options, number, cuts)) if options.distributed else None
     mid_epoch = bool(resume.start or resume.skip)
-    if options.distributed and mid_epoch:
-        tell_epoch(options, number, cuts)
-    saved = resume.source_state or {}
-    if saved.get("dataset") is not None:
-        # Before anything draws (torchdata's order): a dataset's state may hold RNG states.
-        options.dataset.load_state_dict(saved["dataset"])
-    if options.distributed and not mid_epoch:
-        tell_epoch(options, number, cuts)
+    restore_dataset(options.dataset, resume.source_state or {}, tell, mid_epoch)
     replayed = decode_rng(state["rng"]) if state else None
     with _rng_replayed(generator, replayed):
         rng = capture_rng(generator)
@@ -244,10 +236,7 @@ def _start_source(
         return None, None, resume.start, (resume.start, merge)
     claim, token = claim_for(dataset), object()
     with claim.lock:  # a pull of an older epoch of this object finishes first
-        is_async = options.kind is SourceKind.ASYNC_ITERABLE
-        iterator = aiter(dataset) if is_async else iter(dataset)
-        if saved.get("iterator") is not None:
-            iterator.load_state_dict(saved["iterator"])
+        iterator = open_iterator(dataset, saved, options.kind is SourceKind.ASYNC_ITERABLE)
         if iterator is dataset:
             claim.owner = token
     owned = (claim, token) if iterator is dataset else None

@@ -30,7 +30,7 @@ from asyncloader._base.failure import Failure
 from asyncloader._base.kinds import SourceKind
 from asyncloader._base.pull import sync_stream, take_async, take_sync
 from asyncloader._base.seeding import Seeds, call_seeded, seed_stream
-from asyncloader._base.source_state import source_state
+from asyncloader._base.source_state import open_iterator, restore_dataset, source_state
 from asyncloader._base.threads import loader_threads, new_event_loop
 from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._worker.fetch import Fetcher, fetch_then_run
@@ -236,20 +236,11 @@ class WorkerCore:
         dataset, saved = self._plan.dataset, opening.state or {}
 
         def start() -> Any:
-            # as _start.start_epoch: mid-epoch the loaded position wins, at the start the epoch
             set_epoch = getattr(dataset, "set_epoch", None)
-            tell = opening.epoch is not None and callable(set_epoch)
-            mid_epoch = bool(opening.delivered) or opening.resumed
-            if tell and mid_epoch:
-                set_epoch(opening.epoch)
-            if saved.get("dataset") is not None:
-                dataset.load_state_dict(saved["dataset"])
-            if tell and not mid_epoch:
-                set_epoch(opening.epoch)
-            iterator = aiter(dataset) if self._is_async else iter(dataset)
-            if saved.get("iterator") is not None:
-                iterator.load_state_dict(saved["iterator"])
-            return iterator
+            told = opening.epoch is not None and callable(set_epoch)
+            tell = (lambda: set_epoch(opening.epoch)) if told else None
+            restore_dataset(dataset, saved, tell, bool(opening.delivered) or opening.resumed)
+            return open_iterator(dataset, saved, self._is_async)
 
         if self._is_async:
             return start()
