@@ -19,6 +19,7 @@ from asyncloader._engines.fetching_workers import worker_specs
 from asyncloader._engines.ray import sockets as _actor_sockets
 from asyncloader._engines.ray.sockets import ActorSockets, accept, connect_actor, listening
 from asyncloader._worker.plan import BatchPlan
+from asyncloader._worker.protocol import Ready, RunBatch
 from tests.helpers import SyncSource
 
 
@@ -84,11 +85,11 @@ def test_an_actor_whose_socket_closes_fails_what_it_held_and_is_named():
         dying.connect(path)
         actor = Connection(dying.detach())
         actor.send(0)
-        actor.send(("ready", None))
+        actor.send(Ready(None))
         group = ActorSockets(accept(server, 1), "AsyncLoader", lambda i: f"actor {i}: killed")
     try:
         held = group.submit(5, [10, 11], None, None)
-        assert actor.recv()[0] == "batch"  # it took the request, then died
+        assert isinstance(actor.recv().request, RunBatch)  # it took the request, then died
         actor.close()
         with pytest.raises(BrokenProcessPool):
             held.result(timeout=30)

@@ -29,6 +29,7 @@ ray = pytest.importorskip("ray")
 from asyncloader import AsyncLoader  # noqa: E402
 from asyncloader._engines.ray.actor import Inbox  # noqa: E402
 from asyncloader._engines.ray.long_poll import LongPoll  # noqa: E402
+from asyncloader._worker.protocol import RunBatch  # noqa: E402
 from asyncloader.errors import WorkerCrashedError  # noqa: E402
 from asyncloader.ray import RayEngine  # noqa: E402
 from tests.helpers import (  # noqa: E402
@@ -261,12 +262,12 @@ class FakeActor:
 
     def seqs(self, call: int) -> list[int]:
         """The batch numbers call ``call`` asked for."""
-        return [args[0] for _, _, args in self.calls[call][0]]
+        return [request.seq for _, request in self.calls[call][0]]
 
     def answer(self, call: int, seqs, failures=(), incarnation: str = "first") -> None:
         """Answers call ``call`` with the batches ``seqs`` (each request it holds answers its
         batch number), those in ``failures`` raising CodedError."""
-        numbers = {args[0]: number for requests, _, _ in self.calls for number, _, args in requests}
+        numbers = {r.seq: number for requests, _, _ in self.calls for number, r in requests}
         self.calls[call][2].set_result((
             incarnation,
             [(numbers[s], False, CodedError("bad", code=s)) if s in failures
@@ -425,6 +426,9 @@ class GatedCore:
         self.tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
         return self.tasks[-1]
 
+    def run(self, request: RunBatch):
+        return self.batch(request.seq)
+
     async def batch(self, seq: int) -> int:
         self.runs[seq] += 1
         await self.gate.wait()
@@ -437,8 +441,8 @@ class GatedCore:
 async def test_an_actors_inbox_runs_a_number_once_and_keeps_its_answer_until_collected():
     core = GatedCore()
     inbox = Inbox(core)
-    inbox.start([(1, "batch", (10,)), (2, "batch", (-1,))])
-    inbox.start([(1, "batch", (10,))])  # a retried call's: joins the one running
+    inbox.start([(1, RunBatch(10, [10], None, None)), (2, RunBatch(-1, [-1], None, None))])
+    inbox.start([(1, RunBatch(10, [10], None, None))])  # a retried call's: joins the one running
     assert await inbox.collect(False) == []
     waiting = asyncio.ensure_future(inbox.collect(True))
     await turn_ended()
@@ -458,7 +462,7 @@ async def test_an_actors_inbox_runs_a_number_once_and_keeps_its_answer_until_col
 async def test_closing_an_inbox_wakes_its_waiting_collect():
     core = GatedCore()
     inbox = Inbox(core)
-    inbox.start([(1, "batch", (10,))])
+    inbox.start([(1, RunBatch(10, [10], None, None))])
     waiting = asyncio.ensure_future(inbox.collect(True))
     await turn_ended()
     assert not waiting.done()

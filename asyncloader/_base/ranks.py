@@ -24,3 +24,9 @@ def check_ranks(rank: int, world_size: int) -> None:
         raise ValueError(f"{world_size=} must be >= 1")
     if not 0 <= rank < world_size:
         raise ValueError(f"{rank=} must be in [0, {world_size})")
+
+
+def share(total: int, world_size: int, tail: str) -> int:
+    """Samples each rank of ``world_size`` takes of ``total``: padded up to equal shares
+    (``tail="pad"``, samples repeat) or cut down to them (``"drop"``)."""
+    return -(-total // world_size) if tail == "pad" else total // world_size

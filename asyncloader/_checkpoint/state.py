@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from asyncloader._base.ranks import resolve_ranks
+from asyncloader._base.ranks import resolve_ranks, share
 from asyncloader._checkpoint.layout import SOURCE_KEYS, placed, taken
 from asyncloader._config.options import Options
-from asyncloader._config.rank_sampler import Cut, per_rank, remainder_len
+from asyncloader._config.rank_sampler import SamplerCut, remainder_len
 
 #: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder;
 #: for an iterable source, the world size only: it keeps its position itself);
@@ -105,7 +105,7 @@ def fingerprint(options: Options) -> dict:
     return {"batch_size": _batch_size(options), "num_replicas": _num_replicas(options)}
 
 
-def ranks_state(options: Options, cuts: tuple[Cut, ...]) -> dict[str, Any]:
+def ranks_state(options: Options, cuts: tuple[SamplerCut, ...]) -> dict[str, Any]:
     """``{"distributed": ...}`` for the loader's own rank sampler: what the epoch's global
     order depends on, and the interruptions whose remainder it is; for an iterable source
     with ``distributed=True``, the world size its position was saved at; else ``{}``."""
@@ -212,7 +212,7 @@ def rebase(state: dict, options: Options) -> dict:
     if saved is None or sampler is None or saved["world_size"] == sampler.world_size:
         return state
     cuts = [tuple(cut) for cut in saved["history"]]
-    left = per_rank(remainder_len(saved["dataset_len"], cuts), saved["world_size"], saved["tail"])
+    left = share(remainder_len(saved["dataset_len"], cuts), saved["world_size"], saved["tail"])
     taken = min(int(state["next_batch"]) * (options.batch_size or 1), left)
     if taken:
         cuts.append((saved["world_size"], taken, saved["tail"]))

@@ -23,38 +23,34 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from asyncloader._base.ranks import resolve_ranks
+from asyncloader._base.ranks import resolve_ranks, share
 
 TAILS = ("pad", "drop")
 
-#: One interruption of an epoch: the world size then, samples each rank had taken, its tail.
-Cut = tuple[int, int, str]
-
-
-def per_rank(n: int, world_size: int, tail: str) -> int:
-    """Samples each rank takes from an order of ``n``."""
-    return -(-n // world_size) if tail == "pad" else n // world_size
+#: One interruption of a map-style epoch: the world size then, samples each rank had taken,
+#: its tail (a sharded stream's is ``asyncloader.sources._remainder.StreamCut``).
+SamplerCut = tuple[int, int, str]
 
 
 def remainder(order: list[int], world_size: int, taken: int, tail: str) -> list[int]:
     """What ``order`` still had to give after every rank of ``world_size`` took ``taken``."""
-    if not 0 <= taken <= per_rank(len(order), world_size, tail):
+    if not 0 <= taken <= share(len(order), world_size, tail):
         raise ValueError(f"{taken=} is outside an epoch of {len(order)} at {world_size=}")
-    end = len(order) if tail == "pad" else per_rank(len(order), world_size, tail) * world_size
+    end = len(order) if tail == "pad" else share(len(order), world_size, tail) * world_size
     return order[taken * world_size : end]
 
 
-def remainder_len(n: int, history: Sequence[Cut]) -> int:
+def remainder_len(n: int, history: Sequence[SamplerCut]) -> int:
     """``len()`` of an order of ``n`` cut by ``history`` (see :func:`remainder`)."""
     for world_size, taken, tail in history:
-        end = n if tail == "pad" else per_rank(n, world_size, tail) * world_size
+        end = n if tail == "pad" else share(n, world_size, tail) * world_size
         n = max(end - taken * world_size, 0)
     return n
 
 
 def split(order: list[int], rank: int, world_size: int, tail: str) -> list[int]:
     """Rank ``rank``'s share of ``order``: the ``rank``-th entry of every row."""
-    rows = per_rank(len(order), world_size, tail)
+    rows = share(len(order), world_size, tail)
     total = rows * world_size
     if tail == "pad" and order:
         order = (order * -(-total // len(order)))[:total]
@@ -89,7 +85,7 @@ class RankSampler(Sampler[int]):
         self.n, self._place = n, (rank, world_size)
         self.shuffle, self.seed, self.tail = shuffle, seed, tail
         self.epoch = 0
-        self.history: list[Cut] = []
+        self.history: list[SamplerCut] = []
 
     @property
     def rank(self) -> int:
@@ -107,7 +103,7 @@ class RankSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.history = int(epoch), []
 
-    def epoch_order(self, history: Sequence[Cut] = ()) -> list[int]:
+    def epoch_order(self, history: Sequence[SamplerCut] = ()) -> list[int]:
         """The global order of the current epoch, cut by ``history``."""
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -123,4 +119,4 @@ class RankSampler(Sampler[int]):
         return iter(split(self.epoch_order(self.history), rank, world_size, self.tail))
 
     def __len__(self) -> int:
-        return per_rank(remainder_len(self.n, self.history), self.world_size, self.tail)
+        return share(remainder_len(self.n, self.history), self.world_size, self.tail)

@@ -25,9 +25,19 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from asyncloader._base.seeding import Seeds
-from asyncloader._worker.protocol import StreamOpen
+from asyncloader._worker.protocol import (
+    STOP,
+    Keyed,
+    NextOfStream,
+    OpenStream,
+    Request,
+    RunBatch,
+    StreamOpen,
+    batch_of,
+)
 
 _tokens = itertools.count()
+_keys = itertools.count()
 
 
 class Channels:
@@ -43,9 +53,9 @@ class Channels:
         self._conns: list[Any] = []
         self._send_locks = [threading.Lock() for _ in range(n)]
         self._lock = threading.Lock()  # guards the four below
-        self._pending: dict[tuple[Any, ...], tuple[int, Future[Any]]] = {}
+        self._pending: dict[int, tuple[int, Future[Any], Request]] = {}  # key -> ...
         self._load = [0] * n
-        self._dead: dict[int, tuple[Any, list[tuple[Any, ...]]]] = {}  # id -> how, held
+        self._dead: dict[int, tuple[Any, list[Request]]] = {}  # id -> how, what it held
         self._closing = False
         self._receiver: threading.Thread | None = None
 
@@ -86,12 +96,12 @@ class Channels:
                 return False
             self._closing = True
             pending, self._pending = self._pending, {}
-        for _, future in pending.values():
+        for _, future, _ in pending.values():
             future.cancel()
         for i, conn in enumerate(self._conns):
             try:
                 with self._send_locks[i]:
-                    conn.send(("stop",))
+                    conn.send(STOP)
             except (OSError, ValueError):
                 pass
         return True
@@ -109,30 +119,30 @@ class Channels:
         """Runs batch ``seq`` in the worker holding the fewest batches."""
         with self._lock:
             worker = min(range(self.num_workers), key=self._load.__getitem__)
-        return self._request(worker, ("b", seq), ("batch", seq, indices, samples, seeds))
+        return self._request(worker, RunBatch(seq, indices, samples, seeds))
 
     def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
         """Batch ``number`` of ``worker``'s own iteration of an iterable source for the epoch
         ``opening`` starts (see ``WorkerCore.next_stream``)."""
-        key = ("s", worker, opening.token, number)
-        return self._request(worker, key, ("next", opening, number))
+        return self._request(worker, NextOfStream(opening, number))
 
     def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
         """Opens ``worker``'s iteration for the epoch ``opening`` starts; resolves to the
         source's own state then (see ``WorkerCore.open_stream``)."""
-        return self._request(worker, ("o", worker, opening.token), ("open", opening))
+        return self._request(worker, OpenStream(opening))
 
     @staticmethod
     def new_token() -> int:
         return next(_tokens)
 
-    def _request(self, worker: int, key: tuple[Any, ...], message: tuple[Any, ...]) -> Future[Any]:
+    def _request(self, worker: int, request: Request) -> Future[Any]:
         future: Future[Any] = Future()
-        message = (message[0], key, *message[1:])  # answered under its key
+        message = Keyed(next(_keys), request)  # answered under its key
+        key = message.key
         with self._lock:
             if self._dead or self._closing:
                 raise BrokenProcessPool("a worker process died; the workers take no more work")
-            self._pending[key] = (worker, future)
+            self._pending[key] = (worker, future, request)
             self._load[worker] += 1
         try:
             self._send(worker, message)
@@ -143,7 +153,7 @@ class Channels:
             raise
         return future
 
-    def _send(self, worker: int, message: tuple[Any, ...]) -> None:
+    def _send(self, worker: int, message: Keyed) -> None:
         try:
             with self._send_locks[worker]:
                 self._conns[worker].send(message)
@@ -199,7 +209,7 @@ class Channels:
         cannot be rebuilt here (its shared memory gone, say) fails its own request only.
         """
         try:
-            _, key = conn.recv()
+            key = conn.recv().key
             payload = conn.recv_bytes()
         except (EOFError, OSError):
             return False
@@ -229,12 +239,12 @@ class Channels:
         with self._lock:
             if self._closing:
                 return
-            held = [key for key, (w, _) in self._pending.items() if w == i]
+            held = [request for w, _, request in self._pending.values() if w == i]
             self._dead[i] = (how, held)
             pending, self._pending = self._pending, {}
             self._load = [0] * self.num_workers
         error = BrokenProcessPool(f"worker {i} died")
-        for _, future in pending.values():
+        for _, future, _ in pending.values():
             if not future.done():
                 future.set_exception(error)
 
@@ -242,8 +252,8 @@ class Channels:
         """Names the workers that died, how, and the batches each held."""
         notes = []
         for i, (how, held) in sorted(self._dead.items()):
-            seqs = [key[1] for key in held if key[0] == "b"]
-            streams = [key[3] for key in held if key[0] == "s"]
+            seqs = [batch_of(r) for r in held if isinstance(r, RunBatch)]
+            streams = [batch_of(r) for r in held if isinstance(r, NextOfStream)]
             if seqs:
                 what = ", ".join(
                     f"batch {seq} (indices {list(inflight.get(seq, ()))[:16]})" for seq in seqs[:4]

@@ -145,7 +145,7 @@ class WorkerGroup(Channels):
         conn, proc = self._conns[i], self._procs[i]
         if wait([conn, proc.sentinel]) and conn.poll():
             try:
-                return conn.recv()[1]
+                return conn.recv().init_failure  # protocol.Ready
             except (EOFError, OSError):
                 pass
         proc.join(SHUTDOWN_GRACE_S)

@@ -37,7 +37,7 @@ from asyncloader._checkpoint.state import (
     warn_replayed,
 )
 from asyncloader._config.options import Options
-from asyncloader._config.rank_sampler import Cut
+from asyncloader._config.rank_sampler import SamplerCut
 from asyncloader._pipeline.claims import Claim, claim_for
 
 
@@ -77,7 +77,7 @@ class EpochStart:
     claim: tuple[Claim, object] | None = None
     first_seq: int = 0
     source_state: tuple[int, Any] | None = None
-    cuts: tuple[Cut, ...] = ()
+    cuts: tuple[SamplerCut, ...] = ()
     #: The RNG state the sampler draws from when the epoch replays torch's global one
     #: (``"global"``, mid-epoch resume): the state after the seed's draw.
     sampler_rng: tuple[str, torch.Tensor] | None = None
@@ -176,7 +176,7 @@ def tell_rank(options: Options) -> None:
         set_rank(options.rank, options.world_size)
 
 
-def tell_epoch(options: Options, number: int, cuts: tuple[Cut, ...]) -> None:
+def tell_epoch(options: Options, number: int, cuts: tuple[SamplerCut, ...]) -> None:
     """``distributed=True``: the sampler, the batch sampler and an iterable source that have
     ``set_epoch`` are told the epoch (workers iterating their own copies are told it when
     their iteration opens); the loader's own sampler also the remainder it continues."""

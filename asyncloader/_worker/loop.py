@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -38,11 +38,20 @@ from asyncloader._worker.getitems import BatchFetcher
 from asyncloader._worker.plan import BatchPlan, run_batch
 from asyncloader._worker.protocol import (
     LOST,
+    STOP,
     SUPERSEDED,
+    Done,
     Ended,
+    Keyed,
+    NextOfStream,
+    Ready,
+    Request,
+    RunBatch,
+    Signal,
     StreamOpen,
     WorkerConfig,
     WorkerSpec,
+    batch_of,
 )
 from asyncloader._worker.startup import init_failure, setup_worker
 
@@ -131,6 +140,14 @@ class WorkerCore:
             )
 
         return run
+
+    def run(self, request: Request) -> Coroutine[Any, Any, Any]:
+        """The coroutine that answers ``request``."""
+        if isinstance(request, RunBatch):
+            return self.batch(request.seq, request.indices, request.samples, request.seeds)
+        if isinstance(request, NextOfStream):
+            return self.next_stream(request.opening, request.number)
+        return self.open_stream(request.opening)
 
     async def batch(
         self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
@@ -316,13 +333,11 @@ def serve_on(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -
     its own, in a process set up as a worker already (by :func:`serve`; or a Ray actor of this
     machine, on a thread of its own: :mod:`asyncloader._engines.ray.sockets`).
 
-    Messages in (tuples over ``conn``): ``("batch", key, seq, indices, samples, seeds)``,
-    ``("next", key, StreamOpen, number)``, ``("open", key, StreamOpen)``, ``("stop",)``.
-    Messages out: ``("ready", init_failure)`` once, then per request ``("done", key)``
-    followed by the pickled result as bytes, under the key the request came with. A closed
-    connection is a stop.
+    The messages are :mod:`asyncloader._worker.protocol`'s: :class:`Ready` once, then a
+    :class:`Done` and the pickled result for each :class:`Keyed` request, until :data:`STOP`.
+    A closed connection is a stop.
     """
-    conn.send(("ready", init_failure()))
+    conn.send(Ready(init_failure()))
     loop = new_event_loop()
     try:
         loop.run_until_complete(_serve(conn, plan, config, worker_id))
@@ -333,64 +348,58 @@ def serve_on(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -
 
 async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
     loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+    inbox: asyncio.Queue[Keyed | Signal] = asyncio.Queue()
 
     def read() -> None:
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
-                message = ("stop",)
+                message = STOP
             loop.call_soon_threadsafe(inbox.put_nowait, message)
-            if message[0] == "stop":
+            if message is STOP:
                 return
 
     threading.Thread(target=read, name="asyncloader-inbox", daemon=True).start()
     core = WorkerCore(plan, config, worker_id)
 
-    def reply(key: Any, seq: int, result: Any, indices: Sequence[Any]) -> None:
+    def reply(key: int, request: Request, result: Any) -> None:
         try:
             payload = ForkingPickler.dumps(result)
-        except Exception as exc:  # the batch does not pickle: say so in its place
-            payload = ForkingPickler.dumps(Failure.capture(exc, "send", seq, indices))
+        except Exception as exc:  # the result does not pickle: say so in its place
+            indices = result[0] if type(result) is tuple else getattr(request, "indices", ())
+            seq = batch_of(request)
+            failure = Failure.capture(exc, "send", -1 if seq is None else seq, indices)
+            payload = ForkingPickler.dumps(failure)
         try:
-            conn.send(("done", key))
+            conn.send(Done(key))
             conn.send_bytes(payload)
         except OSError:
             pass  # the training process stopped listening
 
-    async def answer_batch(key: Any, seq: int, indices: Any, samples: Any, seeds: Any) -> None:
+    async def answer(key: int, request: Request) -> None:
         try:
-            result = await core.batch(seq, indices, samples, seeds)
+            result = await core.run(request)
         except Exception as exc:  # asyncloader's own bug: still answer, never hang
-            result = Failure.capture(exc, "worker", seq, indices)
-        reply(key, seq, result, indices)
-
-    async def answer_open(key: Any, opening: StreamOpen) -> None:
-        try:
-            result = await core.open_stream(opening)
-        except Exception:  # asyncloader's own bug: still answer, never hang (the batch
-            result = None  # requests that follow report it)
-        reply(key, -1, result, ())
-
-    async def answer_next(key: Any, opening: StreamOpen, number: int) -> None:
-        try:
-            result = await core.next_stream(opening, number)
-        except Exception as exc:  # asyncloader's own bug: still answer, never hang
-            result = (range(0), Failure.capture(exc, "worker", number, range(0)), None)
-        reply(key, number, result, result[0] if type(result) is tuple else ())
+            result = _failed(request, exc)
+        reply(key, request, result)
 
     try:
-        while True:
-            message = await inbox.get()
-            op = message[0]
-            if op == "stop":
-                return
-            if op == "batch":
-                core.spawn(answer_batch(*message[1:]), name=f"batch:{message[2]}")
-            elif op == "next":
-                core.spawn(answer_next(*message[1:]), name=f"next:{message[3]}")
-            elif op == "open":
-                core.spawn(answer_open(*message[1:]), name="open")
+        while (message := await inbox.get()) is not STOP:
+            assert isinstance(message, Keyed)
+            request = message.request
+            core.spawn(
+                answer(message.key, request), name=f"{type(request).__name__}:{batch_of(request)}"
+            )
     finally:
         await core.aclose()
+
+
+def _failed(request: Request, exc: Exception) -> Any:
+    """What a request answers when asyncloader's own code raised while making it: the
+    batch's Failure; for an opening None (the batch requests that follow report it)."""
+    if isinstance(request, RunBatch):
+        return Failure.capture(exc, "worker", request.seq, request.indices)
+    if isinstance(request, NextOfStream):
+        return (range(0), Failure.capture(exc, "worker", request.number, range(0)), None)
+    return None

@@ -1,11 +1,19 @@
 """The messages between the training process and a fetching worker, whatever carries them
-(a local worker's pipe, a Ray actor): what a worker is started with, how one epoch's
-iteration of an iterable source is opened in it, and what it answers at the iteration's end.
+(a local worker's pipe, a Ray actor): what a worker is started with, the requests it answers
+(:data:`Request`), how one epoch's iteration of an iterable source is opened in it, and what
+it answers at the iteration's end.
+
+Over a pipe or a socket (:func:`asyncloader._worker.loop.serve_on`), the worker first sends
+:class:`Ready`; the training process sends :class:`Keyed` requests and finally :data:`STOP`;
+the worker answers each request with :class:`Done`, then the pickled result as bytes. A Ray
+actor takes ``(number, request)`` pairs in its calls instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+from collections.abc import Sequence
 from typing import Any
 
 from asyncloader._base.kinds import SourceKind
@@ -66,3 +74,73 @@ class StreamOpen:
     #: The epoch is resumed mid-way (a worker that delivered nothing yet may hold a state of
     #: it: one moved from another world size), so ``state`` is loaded after ``set_epoch``.
     resumed: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunBatch:
+    """Make batch ``seq`` of ``indices``: fetch its samples (``samples`` is None) or take
+    those fetched already, then transform and collate (``WorkerCore.batch``)."""
+
+    seq: int
+    indices: Sequence[Any]
+    samples: list[Any] | None
+    seeds: Any  # asyncloader._base.seeding.Seeds, or None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpenStream:
+    """Open the worker's own iteration of an iterable source (``WorkerCore.open_stream``)."""
+
+    opening: StreamOpen
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NextOfStream:
+    """Batch ``number`` of the iteration ``opening`` started (``WorkerCore.next_stream``)."""
+
+    opening: StreamOpen
+    number: int
+
+
+#: What a worker is asked to do.
+Request = RunBatch | OpenStream | NextOfStream
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Keyed:
+    """A request over a pipe or socket, with the key its :class:`Done` answer names."""
+
+    key: int
+    request: Request
+
+
+class Signal(enum.Enum):
+    STOP = "stop"
+
+
+#: Training process to worker: stop serving (a closed connection means the same).
+STOP = Signal.STOP
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ready:
+    """A worker's first message: its start-up failure (``init_failure()``), or None."""
+
+    init_failure: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Done:
+    """The answer to the request of ``key`` follows, as pickled bytes."""
+
+    key: int
+
+
+def batch_of(request: Request) -> int | None:
+    """The batch a request makes: its ``seq``, or its number in the worker's own iteration
+    (None for an opening), for crash reports."""
+    if isinstance(request, RunBatch):
+        return request.seq
+    if isinstance(request, NextOfStream):
+        return request.number
+    return None

@@ -2,7 +2,7 @@
 
 Rule (the same on every rank, from the state alone, so the new ranks agree without talking):
 an epoch starts as the sequence of its shards' samples laid end to end in the epoch's shard
-order (:mod:`._shardplan`). A :class:`Cut` records an interruption: the world size then and,
+order (:mod:`._shardplan`). A :class:`StreamCut` records an interruption: the world size then and,
 per worker, the samples each of a rank's streams had handed out (every rank's worker ``w``
 holds the same count and the ranks step together, so one rank's counts are every rank's).
 Replaying every old stream on positions (:func:`._interleave.rewind`) says which samples it
@@ -38,7 +38,7 @@ RngFor = Callable[[int, int, int, int], random.Random | None]
 
 
 @dataclass(frozen=True)
-class Cut:
+class StreamCut:
     """One interruption of an epoch: every rank of ``world_size`` had handed out
     ``yielded[w]`` samples from its worker ``w``'s stream (one stream: one worker), whose
     order followed ``initial`` (the buffer's first fill), ``worker_split`` and ``tail``."""
@@ -59,7 +59,7 @@ class Cut:
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> Cut:
+    def from_state(cls, state: Mapping[str, Any]) -> StreamCut:
         """Raises ValueError when ``state`` (a ``history`` entry) is not one."""
         try:
             cut = cls(
@@ -101,7 +101,7 @@ def stream_slices(
 def remainder_plan(
     counts: Sequence[int],
     order: Sequence[int],
-    history: Sequence[Cut],
+    history: Sequence[StreamCut],
     streams: Streams,
     where: tuple[int, int, int, int],
     split_rule: str,
@@ -115,7 +115,7 @@ def remainder_plan(
     return stream_slices(runs, *where, split_rule, tail)
 
 
-def remainder(runs: Sequence[Run], cut: Cut, streams: Streams, cuts: int) -> list[Run]:
+def remainder(runs: Sequence[Run], cut: StreamCut, streams: Streams, cuts: int) -> list[Run]:
     """What ``runs`` (the epoch cut ``cuts`` times already) had left after ``cut``.
 
     Raises:
@@ -153,7 +153,7 @@ def remainder(runs: Sequence[Run], cut: Cut, streams: Streams, cuts: int) -> lis
 
 def cut_of(
     states: Sequence[Mapping[str, Any] | None], buffer_size: int
-) -> tuple[Mapping[str, Any], Cut]:
+) -> tuple[Mapping[str, Any], StreamCut]:
     """The cut that the states of one rank's streams (in worker order; None: a worker that has
     handed out nothing yet) describe, and one of those states. A state without
     ``shuffle_initial`` predates it: its buffer (``buffer_size``) filled before the first draw.
@@ -177,7 +177,7 @@ def cut_of(
     yielded = tuple(int(s["yielded"]) if s is not None else 0 for s in states)
     initial = min(int(first.get("shuffle_initial", buffer_size)), buffer_size)
     split_rule = str(first.get("worker_split", "slices"))
-    return first, Cut(int(first["world_size"]), yielded, initial, split_rule, tail)
+    return first, StreamCut(int(first["world_size"]), yielded, initial, split_rule, tail)
 
 
 def moved_state(
@@ -192,7 +192,7 @@ def moved_state(
     the streams that saved ``states`` (see :func:`cut_of`) left, one cut more: it follows
     this source's ``initial`` and ``tail``, and splits workers by sample counts."""
     first, cut = cut_of(states, buffer_size)
-    history = [Cut.from_state(c) for c in first.get("history", ())]
+    history = [StreamCut.from_state(c) for c in first.get("history", ())]
     if any(cut.yielded):  # nothing handed out: nothing to cut
         history.append(cut)
     return {

@@ -40,7 +40,13 @@ from asyncloader.sources._http import HTTPClient
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, ClientSource, check_common
 from asyncloader.sources._objectstore import StoreClient
 from asyncloader.sources._redact import redact_url, url_secrets
-from asyncloader.sources._remainder import Cut, Streams, moved_state, read_picks, remainder_plan
+from asyncloader.sources._remainder import (
+    StreamCut,
+    Streams,
+    moved_state,
+    read_picks,
+    remainder_plan,
+)
 from asyncloader.sources._retry import Attempts, Retry, describe_cause
 from asyncloader.sources._shardplan import (
     Slice,
@@ -48,8 +54,8 @@ from asyncloader.sources._shardplan import (
     check_tail,
     miscounted,
     parse_counts,
-    per_rank,
     plan,
+    samples_per_rank,
     shard_order,
 )
 from asyncloader.sources._skips import Skips
@@ -296,11 +302,13 @@ class ShardedSource(ClientSource):
                     "loader's state_dict() (or elastic_state() of every worker's state)"
                 )
             state = self.elastic_state([state])
-        history = [Cut.from_state(cut) for cut in state.get("history", ())]
+        history = [StreamCut.from_state(cut) for cut in state.get("history", ())]
         tail = str(state.get("distributed_tail", "drop"))  # before it, ranks always dropped
         check_tail(tail)
         yielded = int(state["yielded"])
-        whole = None if history or self._counts is None else per_rank(self._counts, world, tail)
+        whole = (
+            None if history or self._counts is None else samples_per_rank(self._counts, world, tail)
+        )
         if yielded < 0 or (whole is not None and yielded > whole):
             raise ValueError(f"state yielded={yielded} is outside this rank's epoch")
         self._epoch = int(state["epoch"])
@@ -346,7 +354,7 @@ class ShardedSource(ClientSource):
         return self._plan(worker, workers, "samples", tail, history)
 
     def _plan(
-        self, worker: int, workers: int, split: str, tail: str, history: Sequence[Cut]
+        self, worker: int, workers: int, split: str, tail: str, history: Sequence[StreamCut]
     ) -> list[Slice]:
         """A stream's slices: its part of this rank's share of the epoch, or of what
         ``history``'s interruptions left of it."""
@@ -399,7 +407,7 @@ class ShardedSource(ClientSource):
             counts = [self._at_most] * len(self._urls)
         if counts is None:
             raise TypeError("len() of a ShardedSource needs samples_per_shard or count_samples()")
-        return per_rank(counts, resolve_ranks(self._rank, self._world)[1], self._tail)
+        return samples_per_rank(counts, resolve_ranks(self._rank, self._world)[1], self._tail)
 
     def __aiter__(self) -> AsyncIterator[Any]:
         """This rank's samples; inside a worker of ``fetch_in_workers=True``, only the worker's
@@ -407,7 +415,7 @@ class ShardedSource(ClientSource):
         rank, world = resolve_ranks(self._rank, self._world)
         start, split, tail = 0, "samples", self._tail
         initial: int | None = self._initial
-        history: list[Cut] = []
+        history: list[StreamCut] = []
         if self._position is not None and self._loaded:
             pos = self._position
             start, initial, split, tail = pos.yielded, pos.initial, pos.worker_split, pos.tail

@@ -32,6 +32,8 @@ import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from asyncloader._base.ranks import share
+
 TAILS = ("drop", "pad")
 
 
@@ -130,13 +132,8 @@ def _within(runs: Sequence[Run], lo: int, hi: int) -> list[Slice]:
     return slices
 
 
-def share(total: int, world_size: int, tail: str) -> int:
-    """Samples each rank takes of ``total``."""
-    return -(-total // world_size) if tail == "pad" else total // world_size
-
-
-def per_rank(counts: Sequence[int], world_size: int, tail: str = "drop") -> int:
-    """Samples each rank yields per epoch."""
+def samples_per_rank(counts: Sequence[int], world_size: int, tail: str = "drop") -> int:
+    """Samples each rank yields per epoch of shards holding ``counts``."""
     return share(sum(counts), world_size, tail)
 
 

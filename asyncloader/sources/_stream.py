@@ -39,7 +39,7 @@ from typing import Any
 
 from asyncloader._base.failure import unwrap_group
 from asyncloader.sources._interleave import Interleave, draw, fill_target, rewind
-from asyncloader.sources._remainder import Cut
+from asyncloader.sources._remainder import StreamCut
 from asyncloader.sources._shardplan import Slice
 
 DEPTH = 2
@@ -69,7 +69,7 @@ class Position:
     tail: str = "drop"
     #: The epoch's interruptions at other world sizes, oldest first: this pass is over what
     #: they left (see :mod:`._remainder`); empty for a whole epoch.
-    history: list[Cut] = field(default_factory=list)
+    history: list[StreamCut] = field(default_factory=list)
 
 
 class _Failed:

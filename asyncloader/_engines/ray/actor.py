@@ -16,7 +16,7 @@ from asyncloader._engines.ray.sockets import (
     connect_actor,
 )
 from asyncloader._worker.loop import WorkerCore
-from asyncloader._worker.protocol import WorkerSpec
+from asyncloader._worker.protocol import Request, WorkerSpec
 from asyncloader._worker.startup import init_failure, setup_worker
 
 
@@ -26,8 +26,8 @@ class Inbox:
     answer waits until :meth:`collect` takes it. On the actor's event loop.
 
     Args:
-        core: Has the methods requests name, and ``spawn(coroutine, name)`` (a task that
-            ``core``'s own close cancels).
+        core: Has ``run(request)`` (the coroutine answering it) and ``spawn(coroutine, name)``
+            (a task that ``core``'s own close cancels).
     """
 
     def __init__(self, core: Any) -> None:
@@ -37,12 +37,13 @@ class Inbox:
         self._news = asyncio.Event()
         self._closing = False
 
-    def start(self, requests: list[tuple[int, str, tuple[Any, ...]]]) -> None:
-        """Starts ``requests``: a number, a method's name and its arguments, each."""
-        for number, method, args in requests:
+    def start(self, requests: list[tuple[int, Request]]) -> None:
+        """Starts ``requests``: a number and a request each."""
+        for number, request in requests:
             if number not in self._running and number not in self._answers:
                 self._running.add(number)
-                task = self._core.spawn(getattr(self._core, method)(*args), f"{method}:{number}")
+                name = f"{type(request).__name__}:{number}"
+                task = self._core.spawn(self._core.run(request), name)
                 task.add_done_callback(functools.partial(self._finished, number))
 
     def _finished(self, number: int, task: asyncio.Task[Any]) -> None:
@@ -98,7 +99,7 @@ class RayWorker:
         return connect_actor(path, spec.plan, spec.config, spec.worker_id)
 
     async def exchange(
-        self, requests: list[tuple[int, str, tuple[Any, ...]]], wait: bool
+        self, requests: list[tuple[int, Request]], wait: bool
     ) -> tuple[str, list[tuple[int, bool, Any]]]:
         """Starts ``requests`` and answers those finished since the last call (see
         :meth:`Inbox.collect`), with the actor's incarnation."""

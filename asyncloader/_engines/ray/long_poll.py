@@ -19,7 +19,14 @@ from ray.exceptions import RayActorError
 from asyncloader._base.seeding import Seeds
 from asyncloader._base.skipping import Trimmed
 from asyncloader._base.structure import DESCEND, map_structure
-from asyncloader._worker.protocol import StreamOpen
+from asyncloader._worker.protocol import (
+    NextOfStream,
+    OpenStream,
+    Request,
+    RunBatch,
+    StreamOpen,
+    batch_of,
+)
 from asyncloader._worker.transport import TensorValue, WithArrays
 
 _tokens = itertools.count()
@@ -28,18 +35,15 @@ _NO_LOOP = object()  # a flush is scheduled off any loop
 
 @dataclasses.dataclass(slots=True)
 class _Request:
-    """A request for an actor: its number (unique, the actor's key for it), the key naming it
-    in a crash report, the :class:`WorkerCore` method and arguments, and the future its answer
-    completes."""
+    """A request for an actor: its number (unique, the actor's key for it), what it asks,
+    and the future its answer completes."""
 
     number: int
-    key: Any
-    method: str
-    args: tuple[Any, ...]
+    request: Request
     out: Future[Any]
 
-    def wire(self) -> tuple[int, str, tuple[Any, ...]]:
-        return self.number, self.method, self.args
+    def wire(self) -> tuple[int, Request]:
+        return self.number, self.request
 
 
 def _writable(x: Any) -> Any:
@@ -92,7 +96,7 @@ class LongPoll:
         self._polling = [False] * n  # a poll is outstanding
         self._pushing = [False] * n  # a push is in flight
         self._incarnations = incarnations  # per actor, those seen answer
-        self._dead: dict[int, tuple[str, list[Any]]] = {}  # actor -> (why, keys it held)
+        self._dead: dict[int, tuple[str, list[Request]]] = {}  # actor -> (why, what it held)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the newest request
         # the loop a flush is scheduled on (or _NO_LOOP): a request from another (a new
         # epoch's, after the old loop closed with the flush unrun) schedules its own
@@ -108,19 +112,18 @@ class LongPoll:
     ) -> Future[Any]:
         with self._lock:
             worker = min(range(self.num_workers), key=self._load.__getitem__)
-        return self._request(worker, ("b", seq), "batch", (seq, indices, samples, seeds))
+        return self._request(worker, RunBatch(seq, indices, samples, seeds))
 
     def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
-        key = ("s", worker, opening.token, number)
-        return self._request(worker, key, "next_stream", (opening, number))
+        return self._request(worker, NextOfStream(opening, number))
 
     def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
-        return self._request(worker, ("o", worker, opening.token), "open_stream", (opening,))
+        return self._request(worker, OpenStream(opening))
 
-    def _request(self, worker: int, key: Any, method: str, args: tuple[Any, ...]) -> Future[Any]:
+    def _request(self, worker: int, request: Request) -> Future[Any]:
         """Queues a request for ``worker``; :meth:`_flush` sends the queue after the caller's
         event loop ends its turn (at once when called off a loop)."""
-        request = _Request(next(_tokens), key, method, args, Future())
+        request = _Request(next(_tokens), request, Future())
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -243,7 +246,7 @@ class LongPoll:
             self._polling[worker] = self._pushing[worker] = False
             if died is not None:
                 why = str(died).splitlines()[0]
-                self._dead.setdefault(worker, (why, [r.key for r in lost]))
+                self._dead.setdefault(worker, (why, [r.request for r in lost]))
         for r in lost:
             if not r.out.done():
                 r.out.set_exception(error)
@@ -251,7 +254,7 @@ class LongPoll:
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         notes = []
         for worker, (why, held) in sorted(self._dead.items()):
-            seqs = [key[1] for key in held if key[0] == "b"]
+            seqs = [batch_of(r) for r in held if isinstance(r, RunBatch)]
             what = (
                 ", ".join(f"batch {s} (indices {list(inflight.get(s, ()))[:16]})" for s in seqs)
                 or "its own iteration of the source"
