@@ -1,7 +1,7 @@
 """Image batches made where they are decoded: the recommended pipeline for training on images.
 
-:class:`ImageBatch` is a ``collate_fn``. Given a batch's encoded images (JPEG, PNG, anything
-Pillow opens), it decodes each one, takes a random resized crop (torchvision's
+:class:`ImageBatch` is a ``collate_fn``. Given a batch's encoded images (JPEG, PNG or WebP;
+``formats=`` widens that), it decodes each one, takes a random resized crop (torchvision's
 ``RandomResizedCrop`` rule), flips it at random and writes it straight into its slot of one
 batch tensor, normalised ``float32`` or raw ``uint8``. In a worker that tensor is allocated in
 shared memory, so the batch leaves the worker without another copy. Used as::
@@ -48,8 +48,86 @@ from asyncloader._worker.startup import shares_batches
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+#: What :class:`ImageBatch` decodes unless ``formats=`` says otherwise (Pillow's names).
+DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP")
+#: The most pixels (width x height, from the header) :class:`ImageBatch` decodes by default:
+#: 8192 x 8192, about 200 MB as RGB (below Pillow's own warning at ~89.5 MP).
+DEFAULT_MAX_PIXELS = 8192 * 8192
+
 _OUTPUTS = {"float32": torch.float32, "uint8": torch.uint8}
 _DRAFT_SCALES = (8, 4, 2)  # the reductions libjpeg decodes at directly
+
+
+def _pillow() -> Any:
+    """``PIL.Image``, or an ImportError naming the extra that installs it."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ImportError(
+            "ImageBatch decodes with Pillow: pip install 'asyncloader[images]' (or pillow)"
+        ) from exc
+    return Image
+
+
+def _size(size: Any) -> tuple[int, int]:
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = (size, size)
+    if (
+        not isinstance(size, tuple | list)
+        or len(size) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)
+    ):
+        raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
+    return int(size[0]), int(size[1])
+
+
+def _check_choices(crop: str, output: str, flip: float, center_fraction: float) -> None:
+    if crop not in ("random", "center"):
+        raise ValueError(f"crop must be 'random' or 'center', got {crop!r}")
+    if output not in _OUTPUTS:
+        raise ValueError(f"output must be 'float32' or 'uint8', got {output!r}")
+    if not 0.0 <= float(flip) <= 1.0:
+        raise ValueError(f"flip must be a probability in [0, 1], got {flip!r}")
+    if not 0.0 < float(center_fraction) <= 1.0:
+        raise ValueError(f"center_fraction must be in (0, 1], got {center_fraction!r}")
+
+
+def _formats(value: Any) -> tuple[str, ...]:
+    """Pillow format names, upper case, each one Pillow opens (when Pillow is installed)."""
+    try:
+        names = (value,) if isinstance(value, str) else tuple(value)
+    except TypeError:
+        raise TypeError(f"formats must be a sequence of format names, got {value!r}") from None
+    if not names:
+        raise ValueError("formats must name at least one image format, e.g. ('JPEG', 'PNG')")
+    if not all(isinstance(name, str) for name in names):
+        raise TypeError(f"formats must be format names (str), got {value!r}")
+    names = tuple(dict.fromkeys(name.upper() for name in names))
+    _check_known(names)
+    return names
+
+
+def _check_known(names: tuple[str, ...]) -> None:
+    """Raises ValueError for a name Pillow opens no format by, every plugin registered;
+    without Pillow nothing is checked (a wrong name then fails at the first decode)."""
+    try:
+        Image = _pillow()
+    except ImportError:
+        return
+    Image.init()
+    unknown = [name for name in names if name not in Image.OPEN]
+    if unknown:
+        raise ValueError(
+            f"formats: Pillow opens no format named {unknown}; it opens {sorted(Image.OPEN)}"
+        )
+
+
+def _max_pixels(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_pixels must be an int, got {type(value).__qualname__}")
+    if value < 1:
+        raise ValueError(f"max_pixels must be positive, got {value}")
+    return value
 
 
 def _pair(name: str, value: Sequence[float]) -> tuple[float, float]:
@@ -129,12 +207,20 @@ class ImageBatch:
         image_key, label_key: The fields of a dict sample (a ``ShardedSource`` sample is
             ``{"__key__", "jpg": bytes, "cls": b"3"}``); ``image_key`` may be a tuple of
             alternatives (``("jpg", "jpeg", "png")``).
+        formats: The Pillow formats decoded (default JPEG, PNG, WebP); bytes of any other
+            format are refused before Pillow's loader for it runs (EPS's runs Ghostscript).
+        max_pixels: The most pixels (width x height, read from the header before anything is
+            decoded) of an image; a larger one is refused. Independent of Pillow's global
+            ``MAX_IMAGE_PIXELS``, which is left as it is (and still applies).
 
     A sample is the encoded image (bytes-like), a ``(image, label)`` pair, or a dict. Returns
     ``images`` (``[B, 3, H, W]``), or ``(images, labels)`` (``int64 [B]``) when the samples
     carry labels (a dict with ``label_key``, or a pair). Inside a worker, ``images`` is
     allocated in shared memory. A sample that fails to decode raises Pillow's error with a note
-    naming its place in the batch (and key).
+    naming its place in the batch (and key): ``UnidentifiedImageError`` for a format not in
+    ``formats``, ``DecompressionBombError`` for one over ``max_pixels``. Collate errors fail
+    their batch; to skip such samples with ``on_error="skip"``, pass :meth:`check` as the
+    loader's ``transform``.
     """
 
     def __init__(
@@ -152,27 +238,14 @@ class ImageBatch:
         draft: bool = False,
         image_key: str | tuple[str, ...] = ("jpg", "jpeg", "png", "webp"),
         label_key: str | None = "cls",
+        formats: Sequence[str] = DEFAULT_FORMATS,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ) -> None:
-        if isinstance(size, int) and not isinstance(size, bool):
-            size = (size, size)
-        if (
-            not isinstance(size, tuple | list)
-            or len(size) != 2
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)
-        ):
-            raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
-        if crop not in ("random", "center"):
-            raise ValueError(f"crop must be 'random' or 'center', got {crop!r}")
-        if output not in _OUTPUTS:
-            raise ValueError(f"output must be 'float32' or 'uint8', got {output!r}")
-        if not 0.0 <= float(flip) <= 1.0:
-            raise ValueError(f"flip must be a probability in [0, 1], got {flip!r}")
-        if not 0.0 < float(center_fraction) <= 1.0:
-            raise ValueError(f"center_fraction must be in (0, 1], got {center_fraction!r}")
+        self.size = _size(size)
+        _check_choices(crop, output, flip, center_fraction)
         std_array = _channels("std", std)
         if (std_array <= 0).any():
             raise ValueError(f"std must be positive, got {std!r}")
-        self.size = (int(size[0]), int(size[1]))
         self.crop = crop
         self.scale = _pair("scale", scale)
         self.ratio = _pair("ratio", ratio)
@@ -184,6 +257,8 @@ class ImageBatch:
         self.draft = bool(draft)
         self.image_keys = (image_key,) if isinstance(image_key, str) else tuple(image_key)
         self.label_key = label_key
+        self.formats = _formats(formats)
+        self.max_pixels = _max_pixels(max_pixels)
         # float output = pixel * gain + bias, per channel, shaped to broadcast over CHW.
         self._gain = (1.0 / (255.0 * std_array)).astype(np.float32)[:, None, None]
         self._bias = (-_channels("mean", mean) / std_array).astype(np.float32)[:, None, None]
@@ -205,7 +280,7 @@ class ImageBatch:
         slots = images.numpy()
         labels: list[int] = []
         for i, sample in enumerate(samples):
-            data, label, key = self._parts(sample, i)
+            data, label, key = self._parts(sample, f"sample {i}")
             try:
                 self._write(data, slots[i])
             except Exception as exc:
@@ -220,8 +295,18 @@ class ImageBatch:
             raise ValueError("ImageBatch: some samples of the batch carry a label, others do not")
         return images, torch.tensor(labels, dtype=torch.int64)
 
-    def _parts(self, sample: Any, i: int) -> tuple[Any, int | None, str | None]:
-        """``(encoded image, label or None, key or None)`` of one sample."""
+    def check(self, sample: Any) -> Any:
+        """Returns ``sample`` unchanged once its image's header shows a format in ``formats``
+        and at most ``max_pixels`` pixels; raises as :meth:`__call__` would for it, without
+        decoding any pixel. As the loader's ``transform`` with ``on_error="skip"``, a refused
+        image is left out of its batch instead of failing the batch."""
+        data, _, _ = self._parts(sample, "the sample")
+        self._open(data).close()
+        return sample
+
+    def _parts(self, sample: Any, name: str) -> tuple[Any, int | None, str | None]:
+        """``(encoded image, label or None, key or None)`` of one sample (``name`` says which,
+        in errors)."""
         if isinstance(sample, bytes | bytearray | memoryview):
             return sample, None, None
         if isinstance(sample, tuple | list) and len(sample) == 2:
@@ -234,25 +319,38 @@ class ImageBatch:
                         label = _label(sample[self.label_key])
                     return sample[key], label, sample.get("__key__")
             raise KeyError(
-                f"ImageBatch: sample {i} has none of the image fields {self.image_keys} "
+                f"ImageBatch: {name} has none of the image fields {self.image_keys} "
                 f"(it has {sorted(sample)}); set image_key"
             )
         raise TypeError(
-            f"ImageBatch: sample {i} is a {type(sample).__qualname__}; expected encoded image "
+            f"ImageBatch: {name} is a {type(sample).__qualname__}; expected encoded image "
             "bytes, an (image, label) pair or a dict"
         )
+
+    def _open(self, data: Any) -> Any:
+        """The Pillow image of ``data``, opened (header read, no pixel decoded) by the plugins
+        of ``formats`` only, and at most ``max_pixels`` pixels."""
+        Image = _pillow()
+        try:
+            image = Image.open(io.BytesIO(data), formats=self.formats)
+        except Image.UnidentifiedImageError as exc:
+            raise Image.UnidentifiedImageError(
+                f"ImageBatch: not an image of the formats it decodes ({', '.join(self.formats)});"
+                " other formats (EPS among them) are refused unless named in formats="
+            ) from exc
+        width, height = image.size
+        if width * height > self.max_pixels:
+            image.close()
+            raise Image.DecompressionBombError(
+                f"ImageBatch: the image is {width} x {height} = {width * height} pixels, over "
+                f"max_pixels={self.max_pixels} (read from its header; nothing was decoded)"
+            )
+        return image
 
     def _write(self, data: Any, slot: np.ndarray) -> None:
         """Decodes one image and writes it, cropped, resized, flipped and converted, into
         ``slot`` (``[3, H, W]``)."""
-        try:
-            from PIL import Image
-        except ImportError as exc:
-            raise ImportError(
-                "ImageBatch decodes with Pillow: pip install 'asyncloader[images]' (or pillow)"
-            ) from exc
-
-        image = Image.open(io.BytesIO(data))
+        image = self._open(data)
         width, height = image.size
         if self.crop == "random":
             box = random_resized_box(width, height, self.scale, self.ratio)

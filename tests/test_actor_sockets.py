@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from asyncloader import AsyncLoader
+from asyncloader._base import compat
 from asyncloader._engines.fetching_workers import worker_specs
 from asyncloader._engines.ray import sockets as _actor_sockets
 from asyncloader._engines.ray.sockets import ActorSockets, accept, connect_actor, listening
@@ -55,7 +57,7 @@ def serving_threads() -> list[threading.Thread]:
 
 
 def test_an_actor_answers_its_batches_over_its_socket_and_stops_when_closed():
-    threads_before = threading.active_count()
+    threads_before = set(threading.enumerate())  # other tests' threads may end meanwhile
     with listening(1) as (server, path):
         serve_in_this_process(path, 0)
         group = ActorSockets(accept(server, 1), "AsyncLoader", lambda i: "unused")
@@ -74,7 +76,8 @@ def test_an_actor_answers_its_batches_over_its_socket_and_stops_when_closed():
     for thread in threading.enumerate():
         if thread.name.startswith("asyncloader-compute"):
             thread.join(timeout=30)
-    assert threading.active_count() == threads_before, [t.name for t in threading.enumerate()]
+    started = [t.name for t in threading.enumerate() if t not in threads_before]
+    assert not started, f"threads this test started outlived close(): {started}"
 
 
 def test_an_actor_whose_socket_closes_fails_what_it_held_and_is_named():
@@ -100,3 +103,165 @@ def test_an_actor_whose_socket_closes_fails_what_it_held_and_is_named():
             group.submit(6, [12], None, None)
     finally:
         group.close()
+
+
+# Issue 33 item 10c: the handshake checks who connected (SO_PEERCRED) and refuses a worker id
+# that is connected already.
+
+LINUX = sys.platform.startswith("linux")
+UNPICKLED: list[str] = []
+
+
+def _unpickled() -> int:
+    UNPICKLED.append("a stranger's hello was unpickled")
+    return 0
+
+
+class Trap:
+    """A hello whose unpickling records itself: what a refused peer sent is never read."""
+
+    def __reduce__(self):
+        return (_unpickled, ())
+
+
+def framed(*messages) -> bytes:
+    """The bytes a Connection sends for ``messages``."""
+    a, b = socket.socketpair()
+    with a, b:
+        conn = Connection(a.detach())
+        for message in messages:
+            conn.send(message)
+        conn.close()
+        out = b""
+        while chunk := b.recv(1 << 16):
+            out += chunk
+    return out
+
+
+def raw_actor(path: str, worker: int) -> Connection:
+    """An actor's side of the handshake, by hand: connect, worker id, Ready."""
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(path)
+    conn = Connection(sock.detach())
+    conn.send(worker)
+    conn.send(Ready(None))
+    return conn
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """The other end closed ``sock`` (a reset, when it closed with our bytes unread)."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def closing(accepted):
+    for sock, conn in accepted.values():
+        sock.close()
+        conn.close()
+
+
+@pytest.mark.skipif(not LINUX, reason="SO_PEERCRED is Linux's")
+def test_peer_uid_is_the_connected_process_uid():
+    a, b = socket.socketpair(socket.AF_UNIX)
+    with a, b:
+        assert compat.peer_uid(a) == os.geteuid()
+
+
+def test_a_second_hello_for_a_connected_worker_is_refused_and_the_first_kept(caplog):
+    with listening(2) as (server, path):
+        first, second, third = raw_actor(path, 0), raw_actor(path, 0), raw_actor(path, 1)
+        accepted = accept(server, 2)
+    try:
+        assert sorted(accepted) == [0, 1]
+        accepted[0][1].send("ping")
+        assert first.poll(5), "the first connection of worker 0 was replaced"
+        assert first.recv() == "ping"
+        assert second.poll(5), "the second connection of worker 0 was not closed"
+        with pytest.raises((EOFError, ConnectionResetError)):
+            second.recv()
+        assert any("worker 0" in r.message and "already" in r.message for r in caplog.records)
+    finally:
+        closing(accepted)
+        for conn in (first, second, third):
+            conn.close()
+
+
+@pytest.mark.skipif(not LINUX, reason="SO_PEERCRED is Linux's")
+def test_a_peer_of_another_uid_is_refused_before_its_hello_is_read(monkeypatch, caplog):
+    """As the kernel reports it: the first peer seems another user's. Its connection is closed
+    unread, and accept() goes on to the genuine actor."""
+    real = compat.peer_uid
+    seen = []
+
+    def peer_uid(sock):
+        seen.append(sock)
+        return os.geteuid() + 1 if len(seen) == 1 else real(sock)
+
+    monkeypatch.setattr(_actor_sockets, "peer_uid", peer_uid)
+    UNPICKLED.clear()
+    stranger = socket.socket(socket.AF_UNIX)
+    with listening(1) as (server, path):
+        stranger.connect(path)
+        stranger.sendall(framed(Trap(), Ready(None)))
+        genuine = raw_actor(path, 1)
+        accepted = accept(server, 1)
+    try:
+        assert list(accepted) == [1] and UNPICKLED == []
+        assert closed_by_peer(stranger), "the stranger's connection stayed open"
+        assert any("uid" in r.message for r in caplog.records)
+    finally:
+        closing(accepted)
+        genuine.close()
+        stranger.close()
+
+
+@pytest.mark.skipif(not LINUX or os.geteuid() != 0, reason="needs root (to become nobody)")
+def test_a_process_of_another_user_is_refused_for_real():
+    """A child that became ``nobody`` connects (the folder opened up for it: the 0700 mode
+    is the first defence, this is the second) and is refused, unread."""
+    UNPICKLED.clear()
+    hello = framed(Trap(), Ready(None))
+    with listening(1) as (server, path):
+        os.chmod(os.path.dirname(path), 0o711)
+        os.chmod(path, 0o777)
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: no pytest, no exception escapes
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                sock = socket.socket(socket.AF_UNIX)
+                sock.connect(path)
+                sock.sendall(hello)
+                os.write(ready_w, b"c")
+                code = 0 if closed_by_peer(sock) else 2
+            finally:
+                os._exit(code)
+        accepted = {}
+        try:
+            os.close(ready_w)
+            assert os.read(ready_r, 1) == b"c", "the child could not connect"
+            genuine = raw_actor(path, 1)
+            accepted = accept(server, 1)
+            assert list(accepted) == [1] and UNPICKLED == []
+        finally:
+            closing(accepted)
+            os.close(ready_r)
+            _, status = os.waitpid(pid, 0)
+    genuine.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(not LINUX, reason="SO_PEERCRED is Linux's")
+def test_an_actor_does_not_serve_a_socket_of_another_uid(monkeypatch):
+    monkeypatch.setattr(_actor_sockets, "peer_uid", lambda sock: os.geteuid() + 1)
+    with listening(1) as (server, path):
+        assert connect_actor(path, None, None, 0) is False
+        server.settimeout(5)
+        sock, _ = server.accept()
+        with sock:
+            assert closed_by_peer(sock), "the actor said hello to a stranger"

@@ -3,11 +3,12 @@ Normalize, and the loader's device_transform that runs it."""
 
 import io
 import random
+import zlib
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 import asyncloader.images as images_module
 from asyncloader import AsyncLoader
@@ -271,3 +272,120 @@ def test_draft_boxes_map_onto_the_reduced_image():
     image = Drafted((400, 300), (0, 0))
     assert batch._drafted(image, (10, 10, 300, 250), 400, 300) == (10, 10, 300, 250)
     assert image.size == (400, 300)
+
+
+# Issue 33 item 5: the formats decoded by default, and a pixel cap of ImageBatch's own.
+
+
+def png_declaring(width, height):
+    """A tiny real PNG whose header (IHDR) declares ``width`` x ``height``: Pillow reads that
+    size at open; decoding it would allocate for the declared size."""
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(out, "PNG")
+    data = bytearray(out.getvalue())
+    assert data[12:16] == b"IHDR"
+    data[16:24] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 16 16\nshowpage\n"
+
+
+def image_bytes(fmt, size=(16, 12)):
+    out = io.BytesIO()
+    Image.new("RGB", size, (200, 100, 50)).save(out, fmt)
+    return out.getvalue()
+
+
+def test_an_eps_file_is_refused_without_running_ghostscript(monkeypatch):
+    """EPS is not decoded by default: Pillow's EPS loader (which runs Ghostscript) is never
+    reached, whether gs is installed or not."""
+    from PIL import EpsImagePlugin
+
+    assert Image.open(io.BytesIO(EPS)).format == "EPS"  # Pillow alone would take it
+    ran = []
+
+    def ghostscript(*args, **kwargs):
+        ran.append(args)
+        raise RuntimeError("Ghostscript ran on a sample's bytes")
+
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", ghostscript)
+    monkeypatch.setattr(EpsImagePlugin, "has_ghostscript", lambda: True)
+    with pytest.raises(UnidentifiedImageError, match="JPEG, PNG, WEBP") as info:
+        ImageBatch(32)([{"__key__": "evil", "jpg": EPS}])
+    assert ran == []
+    assert any("sample 0 of the batch" in n and "evil" in n for n in info.value.__notes__)
+
+
+def test_formats_widens_what_is_decoded():
+    bmp, gif = image_bytes("BMP"), image_bytes("GIF")
+    with pytest.raises(UnidentifiedImageError, match="formats="):
+        ImageBatch(8)([bmp])
+    wide = ImageBatch(8, output="uint8", formats=("jpeg", "png", "webp", "bmp", "GIF"))
+    assert wide([bmp, gif, image_bytes("WEBP")]).shape == (3, 3, 8, 8)
+    assert ImageBatch(8, formats="BMP")([bmp]).shape == (1, 3, 8, 8)
+
+
+def test_an_image_over_max_pixels_is_refused_from_its_header(monkeypatch):
+    """A 13000 x 13000 PNG header is refused before any pixel is decoded, whatever Pillow's
+    global MAX_IMAGE_PIXELS says (here: no limit), and that global is left as it was."""
+    from PIL import ImageFile
+
+    real_load = ImageFile.ImageFile.load
+
+    def load(self, *args, **kwargs):
+        assert self.size == (16, 12), f"decoding started for a {self.size} image"
+        return real_load(self, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    samples = [{"__key__": "k0", "png": image_bytes("PNG")}, {"__key__": "bomb"}]
+    samples[1]["png"] = png_declaring(13000, 13000)
+    with pytest.raises(Image.DecompressionBombError, match=r"13000 x 13000.*max_pixels") as info:
+        ImageBatch(32)(samples)
+    assert any("sample 1 of the batch" in n and "bomb" in n for n in info.value.__notes__)
+    assert Image.MAX_IMAGE_PIXELS is None
+
+
+def test_max_pixels_is_a_cap_of_its_own():
+    data = image_bytes("PNG", (16, 12))  # 192 pixels
+    assert ImageBatch(8, max_pixels=192)([data]).shape == (1, 3, 8, 8)
+    with pytest.raises(Image.DecompressionBombError, match="16 x 12 = 192 pixels"):
+        ImageBatch(8, max_pixels=191)([data])
+    big = png_declaring(8192, 8193)  # just over the default cap, under Pillow's error
+    with pytest.raises(Image.DecompressionBombError, match="max_pixels=67108864"):
+        ImageBatch(8).check(big)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"formats": ()}, ValueError, "formats"),
+        ({"formats": ("JPEG", "NOPE")}, ValueError, "formats.*NOPE"),
+        ({"formats": ("JPEG", 3)}, TypeError, "formats"),
+        ({"max_pixels": 0}, ValueError, "max_pixels"),
+        ({"max_pixels": True}, TypeError, "max_pixels"),
+        ({"max_pixels": 1.5}, TypeError, "max_pixels"),
+    ],
+)
+def test_bad_formats_and_max_pixels_name_themselves(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        ImageBatch(**kwargs)
+
+
+def test_refused_images_are_skipped_with_check_as_transform():
+    """check() opens only the header: as the loader's transform, with on_error="skip", a
+    refused image is left out of its batch instead of failing it."""
+    batch = ImageBatch(16, max_pixels=1000 * 1000 - 1)  # the photos are at most 500 x 375
+    good = [(b, i) for i, (_, b, _) in enumerate(IMAGES[:6])]
+    assert batch.check(good[0]) is good[0]
+    samples = [*good[:2], (EPS, 90), *good[2:4], (png_declaring(1000, 1000), 91), *good[4:]]
+    loader = AsyncLoader(
+        samples, batch_size=4, transform=batch.check, collate_fn=batch, on_error="skip",
+        max_skipped=2,
+    )  # fmt: skip
+    got = list(loader)
+    assert sorted(i for _, labels in got for i in labels.tolist()) == list(range(6))
+    assert loader.stats.skipped == 2
+    assert [index for index, _ in loader.skip_log] == [2, 5]

@@ -14,6 +14,8 @@ import math
 import multiprocessing
 import multiprocessing.util
 import os
+import socket
+import struct
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -144,3 +146,17 @@ def thread_pools_locked() -> bool:
 
     lock = getattr(thread, "_global_shutdown_lock", None)
     return lock is not None and lock.locked()
+
+
+#: Linux's ``struct ucred`` (``pid_t pid; uid_t uid; gid_t gid``), what ``SO_PEERCRED`` gives.
+_UCRED = struct.Struct("iII")
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of connected Unix socket ``sock``, as the
+    kernel recorded it at connect time (``SO_PEERCRED``); ``None`` off Linux, where the option
+    is missing or its structure differs (OpenBSD's puts the uid first)."""
+    if not sys.platform.startswith("linux") or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return int(_UCRED.unpack(raw)[1])

@@ -1,9 +1,15 @@
 """FileSource: local files through aiofiles, ranges, directories, permanent local errors."""
 
+import asyncio
+import contextlib
+import os
+
 import pytest
 
 from asyncloader import AsyncLoader, FetchError
-from asyncloader.sources import FileSource, Skipped
+from asyncloader.sources import FileSource, Retry, Skipped
+from asyncloader.sources._files import FileClient
+from asyncloader.sources._retry import Permanent, Transient
 
 
 def write(tmp_path, n):
@@ -53,3 +59,57 @@ def test_missing_file_fails_at_once_or_is_skipped(tmp_path):
     source = FileSource(paths, on_error="skip", max_skipped=1)
     got = bodies(AsyncLoader(source, batch_size=3, collate_fn=list))
     assert isinstance(got[2], Skipped) and got[2].index == 2 and source.skipped == 1
+
+
+# Issue 33 item 10b: only regular files are read, and never past the size fstat reported.
+
+
+@contextlib.contextmanager
+def released(fifo):
+    """On exit, wakes a reader blocked opening ``fifo`` (it then reads its end), so that a
+    failing test cannot leave a thread stuck in open() for good."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # ENXIO: no reader is waiting
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_or_a_device_is_refused_without_blocking(tmp_path):
+    """open() of a FIFO blocks until a writer comes, and a device has no size: neither is
+    read. The refusal is permanent (one attempt), ranged or not, streamed or not."""
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    with released(fifo):
+        for paths in ([fifo], [(fifo, 0, 10)], ["/dev/null"]):
+            loader = AsyncLoader(FileSource(paths), collate_fn=list, timeout=5)
+            with pytest.raises(FetchError, match=r"gave up after 1 attempt.*not a regular file"):
+                bodies(loader)
+
+        async def stream():
+            return [chunk async for chunk in FileClient(None).stream(fifo, 0, {})]
+
+        with pytest.raises(Permanent, match="not a regular file"):
+            asyncio.run(asyncio.wait_for(stream(), 10))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
+def test_a_file_longer_than_its_stat_size_is_not_read_past_it():
+    """A file that holds more than fstat said (here /proc's, whose size reads 0; or a file
+    growing as it is read) fails as transient once more than that size is read, so
+    max_object_size holds: at most its size + 1 byte is read."""
+    reads = []
+
+    async def read():
+        client = FileClient(10)
+        try:
+            await client.read("/proc/self/status", None, None)
+        except Transient as exc:
+            reads.append(str(exc))
+
+    asyncio.run(read())
+    assert reads and "changed size while read" in reads[0]
+    source = FileSource(["/proc/self/status"], retry=Retry(attempts=2, backoff=0.01))
+    with pytest.raises(FetchError, match=r"gave up after 2 attempt.*changed size while read"):
+        bodies(AsyncLoader(source, collate_fn=list))

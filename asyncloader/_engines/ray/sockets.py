@@ -12,11 +12,19 @@ has connected.
 
 An actor is dead once its connection closed: a process's sockets close when it dies,
 however it dies. Ray then says why (:class:`ActorSockets` asks it).
+
+The handshake does not rely on the folder's mode alone (defence in depth): on Linux each side
+compares the uid of the process at the other end (``SO_PEERCRED``,
+:func:`asyncloader._base.compat.peer_uid`) with its own effective uid before it reads or sends
+anything, and closes a connection of another user's (elsewhere that check is skipped). A
+second hello for a worker id already connected is closed and logged; it never replaces the
+first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -27,11 +35,21 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+from asyncloader._base.compat import peer_uid
 from asyncloader._engines.channels import Channels
 from asyncloader._worker.loop import serve_on
 
+log = logging.getLogger("asyncloader")
+
 #: Seconds to wait for an actor that said it connected to be accepted and send its hello.
 ACCEPT_TIMEOUT_S = 30.0
+
+
+def _stranger(sock: socket.socket) -> int | None:
+    """The uid of the peer of ``sock`` when it is not this process's own (None: ours, or a
+    platform without ``SO_PEERCRED``, where nothing is checked)."""
+    uid = peer_uid(sock)
+    return None if uid is None or uid == os.geteuid() else uid
 
 
 @contextlib.contextmanager
@@ -52,10 +70,13 @@ def listening(num_workers: int) -> Iterator[tuple[socket.socket, str]]:
 
 def accept(server: socket.socket, count: int) -> dict[int, tuple[socket.socket, Connection]]:
     """Accepts ``count`` actors that connected: worker id -> (socket, connection), each past
-    its hello (its worker id, then :func:`serve_on`'s ``ready``).
+    its hello (its worker id, then :func:`serve_on`'s ``ready``). A connection from another
+    uid is closed before anything of it is read, and one whose worker id is connected
+    already is closed after its id: both are logged and not counted.
 
     Raises:
-        TimeoutError: One did not connect or say hello within :data:`ACCEPT_TIMEOUT_S`.
+        TimeoutError: ``count`` actors did not connect and say hello within
+            :data:`ACCEPT_TIMEOUT_S`.
     """
     deadline = time.monotonic() + ACCEPT_TIMEOUT_S
 
@@ -68,8 +89,17 @@ def accept(server: socket.socket, count: int) -> dict[int, tuple[socket.socket, 
             server.settimeout(max(1e-3, left()))  # 0 would make it non-blocking
             sock, _ = server.accept()
             sock.setblocking(True)
+            if (uid := _stranger(sock)) is not None:
+                log.warning("refused a connection of uid %d (not ours) to the actors' socket", uid)
+                sock.close()
+                continue
             conn = Connection(os.dup(sock.fileno()))
             worker = conn.recv() if conn.poll(left()) else None
+            if isinstance(worker, int) and worker in accepted:
+                log.warning("refused a second connection for worker %d: already connected", worker)
+                sock.close()
+                conn.close()
+                continue
             if not isinstance(worker, int) or not conn.poll(left()):
                 sock.close()
                 conn.close()
@@ -91,6 +121,10 @@ def connect_actor(path: str, plan: Any, config: Any, worker_id: int) -> bool:
     try:
         sock.connect(path)
     except OSError:
+        sock.close()
+        return False
+    if (uid := _stranger(sock)) is not None:
+        log.warning("not serving %s: its listener runs as uid %d, not ours", path, uid)
         sock.close()
         return False
     conn = Connection(sock.detach())
