@@ -22,7 +22,7 @@ from asyncloader._base.threads import loops_parked, run_in_thread
 from asyncloader._config.options import Options
 from asyncloader._engines.fetching_workers import WorkerGroup
 from asyncloader._engines.local_pool import ProcessPool
-from asyncloader._engines.start_method import default_mp_context, forks, prestart
+from asyncloader._engines.start_method import default_mp_context, forks, prestart, warm_for_fork
 from asyncloader._worker.plan import BatchPlan
 
 #: The workers of an epoch: transforming (and calling a sync ``__getitem__``), or fetching too.
@@ -115,6 +115,7 @@ class Workers:
         pool, owned = self._pool_for(options, base_seed, ctx)
         if not fork_now:
             return WorkerLease(pool, owned, started=False)
+        warm_for_fork()
         try:
             pool.start(loops_parked())
         except Exception as exc:
