@@ -24,23 +24,14 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from asyncloader._base.seeding import Seeds
-from asyncloader._worker.protocol import (
-    STOP,
-    Keyed,
-    NextOfStream,
-    OpenStream,
-    Request,
-    RunBatch,
-    StreamOpen,
-    batch_of,
-)
+from asyncloader._engines.requests import Requests
+from asyncloader._worker.protocol import STOP, Keyed, NextOfStream, Request, RunBatch, batch_of
 
 _tokens = itertools.count()
 _keys = itertools.count()
 
 
-class Channels:
+class Channels(Requests):
     """Requests to ``num_workers`` workers and their answers; subclasses start the workers
     (filling :attr:`_conns`, then calling :meth:`_listen`) and say how one died.
 
@@ -112,24 +103,6 @@ class Channels:
             receiver.join()
 
     # -- requests ------------------------------------------------------------------------------
-
-    def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
-    ) -> Future[Any]:
-        """Runs batch ``seq`` in the worker holding the fewest batches."""
-        with self._lock:
-            worker = min(range(self.num_workers), key=self._load.__getitem__)
-        return self._request(worker, RunBatch(seq, indices, samples, seeds))
-
-    def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
-        """Batch ``number`` of ``worker``'s own iteration of an iterable source for the epoch
-        ``opening`` starts (see ``WorkerCore.next_stream``)."""
-        return self._request(worker, NextOfStream(opening, number))
-
-    def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
-        """Opens ``worker``'s iteration for the epoch ``opening`` starts; resolves to the
-        source's own state then (see ``WorkerCore.open_stream``)."""
-        return self._request(worker, OpenStream(opening))
 
     @staticmethod
     def new_token() -> int:

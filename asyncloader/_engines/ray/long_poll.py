@@ -16,17 +16,10 @@ from typing import Any
 import numpy as np
 from ray.exceptions import RayActorError
 
-from asyncloader._base.seeding import Seeds
 from asyncloader._base.skipping import Trimmed
 from asyncloader._base.structure import DESCEND, map_structure
-from asyncloader._worker.protocol import (
-    NextOfStream,
-    OpenStream,
-    Request,
-    RunBatch,
-    StreamOpen,
-    batch_of,
-)
+from asyncloader._engines.requests import Requests
+from asyncloader._worker.protocol import Request, RunBatch, batch_of
 from asyncloader._worker.transport import TensorValue, WithArrays
 
 _tokens = itertools.count()
@@ -64,7 +57,7 @@ def received(result: Any) -> Any:
     return map_structure(result, _writable)
 
 
-class LongPoll:
+class LongPoll(Requests):
     """Requests to a :class:`RayEngine`'s actors and their answers, through Ray's calls and
     object store: what actors on other nodes use.
 
@@ -106,19 +99,6 @@ class LongPoll:
     @property
     def broken(self) -> bool:
         return bool(self._dead)
-
-    def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
-    ) -> Future[Any]:
-        with self._lock:
-            worker = min(range(self.num_workers), key=self._load.__getitem__)
-        return self._request(worker, RunBatch(seq, indices, samples, seeds))
-
-    def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
-        return self._request(worker, NextOfStream(opening, number))
-
-    def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
-        return self._request(worker, OpenStream(opening))
 
     def _request(self, worker: int, request: Request) -> Future[Any]:
         """Queues a request for ``worker``; :meth:`_flush` sends the queue after the caller's

@@ -1,0 +1,49 @@
+"""What the transports to fetching workers share (:class:`~asyncloader._engines.channels.Channels`
+over pipes and sockets, :class:`~asyncloader._engines.ray.long_poll.LongPoll` over Ray calls):
+the choice of a worker for a batch, and one :mod:`~asyncloader._worker.protocol` request per
+call of the :class:`~asyncloader._engines.engine.WorkerEngine` interface.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from asyncloader._base.seeding import Seeds
+from asyncloader._worker.protocol import NextOfStream, OpenStream, Request, RunBatch, StreamOpen
+
+
+class Requests:
+    """Turns engine calls into requests for :meth:`_request` to send.
+
+    Subclasses set :attr:`num_workers`, :attr:`_lock` and :attr:`_load` (batches each worker
+    holds, kept under the lock) and implement :meth:`_request`.
+    """
+
+    num_workers: int
+    _lock: threading.Lock
+    _load: list[int]
+
+    def submit(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+    ) -> Future[Any]:
+        """Runs batch ``seq`` in the worker holding the fewest batches."""
+        with self._lock:
+            worker = min(range(self.num_workers), key=self._load.__getitem__)
+        return self._request(worker, RunBatch(seq, indices, samples, seeds))
+
+    def next_stream(self, worker: int, opening: StreamOpen, number: int) -> Future[Any]:
+        """Batch ``number`` of ``worker``'s own iteration of an iterable source for the epoch
+        ``opening`` starts (see ``WorkerCore.next_stream``)."""
+        return self._request(worker, NextOfStream(opening, number))
+
+    def open_stream(self, worker: int, opening: StreamOpen) -> Future[Any]:
+        """Opens ``worker``'s iteration for the epoch ``opening`` starts; resolves to the
+        source's own state then (see ``WorkerCore.open_stream``)."""
+        return self._request(worker, OpenStream(opening))
+
+    def _request(self, worker: int, request: Request) -> Future[Any]:
+        """Sends ``request`` to ``worker``; the future completes with its answer."""
+        raise NotImplementedError
