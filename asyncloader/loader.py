@@ -24,9 +24,10 @@ from asyncloader._base.threads import (
 )
 from asyncloader._base.validate import check_int, dataloader_spellings, warn_many_workers
 from asyncloader._checkpoint.layout import placed
+from asyncloader._checkpoint.shape import STATE_VERSION
 from asyncloader._checkpoint.state import (
-    STATE_VERSION,
     check_state,
+    dataset_len,
     encode_rng,
     fingerprint,
     next_epoch_state,
@@ -448,7 +449,10 @@ class AsyncLoader(Generic[T_co]):
         last = self._last
         if last is not None and last.took_every_batch():
             last.start_info.index_iter.drain()  # its last draws, before this epoch's
-        resume, self._resume = self._resume, None
+        # A loaded state stays loaded until an epoch started from it: iter() failing on the
+        # way (the source's own load_state_dict, say) leaves it for the next iter().
+        # A copy each time: the source may keep (and change) what it loads.
+        resume = copy.deepcopy(self._resume)
         options = self._next_epoch_options()
         start = start_epoch(options, self._epoch + 1, resume)
         self._epoch = start.number
@@ -468,6 +472,7 @@ class AsyncLoader(Generic[T_co]):
             self._prefetch_tuner,
         )
         self._epochs.add(self._last)
+        self._resume = None
         return self._last
 
     def _next_epoch_options(self) -> Options:
@@ -495,8 +500,9 @@ class AsyncLoader(Generic[T_co]):
 
         Between epochs (before the first, after one ended) it names the next epoch, the RNG
         state its shuffle will draw from (the ``generator``'s, or torch's global one) and the
-        dataset's own ``state_dict()``. After :meth:`load_state_dict` and before the next
-        ``iter()``, it is the state loaded.
+        dataset's own ``state_dict()``. After :meth:`load_state_dict` and until an epoch
+        starts from it (the next ``iter()`` that does not fail), it is the state loaded.
+        The state (version 5) also records a map-style dataset's ``len()`` (``dataset_len``).
         """
         if self._resume is not None:
             return copy.deepcopy(self._resume)
@@ -519,7 +525,9 @@ class AsyncLoader(Generic[T_co]):
             }
         ranks = ranks_state(options, cuts)
         own = placed(position.pop("source_state"), options)
-        return {"version": STATE_VERSION, **fingerprint(options), **position, **own, **ranks}
+        length = dataset_len(options)
+        head = {"version": STATE_VERSION, **fingerprint(options), "dataset_len": length}
+        return {**head, **position, **own, **ranks}
 
     def _next_source_state(self) -> Any:
         """The source's own state for the next epoch: the dataset's (the workers' copies',
@@ -530,8 +538,21 @@ class AsyncLoader(Generic[T_co]):
             return next_epoch_state(last, options.num_workers)
         return source_state(options.dataset) if self._dataset_keeps_state else None
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, allow_length_change: bool = False) -> None:
         """Makes the next iteration continue exactly where ``state`` was saved.
+
+        The whole state is checked before any of it is used: a state refused leaves the one
+        the loader had (loaded or its own). A loaded state stays until an epoch starts from
+        it: an ``iter()`` that fails on the way (the source's own ``load_state_dict``, say)
+        leaves it for the next ``iter()``, and ``state_dict()`` returns it meanwhile.
+
+        A map-style dataset of another ``len()`` than the state records is refused (its
+        order would differ) unless ``allow_length_change=True``: the resumed epoch is then
+        the order the saved RNG state draws for the new length, its first ``next_batch``
+        batches stepped over (so samples of that epoch may repeat or be missed), and the
+        epochs after it are those of an uninterrupted run on the new dataset. With
+        ``distributed=True`` it takes a state saved between epochs, or one mid-epoch
+        resumed at its own world size and never cut at another.
 
         ``num_workers``, ``io_concurrency``, ``prefetch`` and ``in_order`` may differ from the
         saving loader; ``batch_size`` and the sampler's world size may not. A
@@ -549,13 +570,19 @@ class AsyncLoader(Generic[T_co]):
         batch count goes on from the saved one.
 
         Raises:
-            TypeError: ``state`` is not a dict.
-            ValueError: It comes from another version, batch size, world size, dataset
-                length, seed or shuffle, or an out-of-order position at another world size.
+            TypeError: ``state`` is not a dict, or ``allow_length_change`` not a bool.
+            ValueError: A field is missing, of the wrong type or out of range (a position
+                past the epoch's end, say), or the state comes from another version, batch
+                size, world size, seed, shuffle, RNG kind (a ``generator`` or none),
+                placement of an iterable source, or dataset length, or is an out-of-order
+                position at another world size. The message names the field.
         """
-        check_state(state, self._options)
-        # a copy: the source may keep (and change) what it loads
-        self._resume = copy.deepcopy(rebase(state, self._options))
+        if not isinstance(allow_length_change, bool):
+            kind = type(allow_length_change).__qualname__
+            raise TypeError(f"allow_length_change must be a bool, got {kind}")
+        check_state(state, self._options, allow_length_change)
+        resume = rebase(state, self._options, allow_length_change)
+        self._resume = copy.deepcopy(resume)  # the caller may change its dict afterwards
 
     def __aiter__(self) -> AsyncIterator:
         return AsyncIterator(self._new_epoch(), self._options.timeout, owner=self)

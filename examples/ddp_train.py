@@ -98,7 +98,7 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     step = 0
     if args.checkpoint and os.path.exists(args.checkpoint):
-        saved = torch.load(args.checkpoint, map_location=device, weights_only=False)
+        saved = torch.load(args.checkpoint, map_location=device, weights_only=True)
         model.module.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["loader"])  # saved at any world size

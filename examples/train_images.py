@@ -55,7 +55,7 @@ def train(loader: AsyncLoader, steps: int, device: torch.device, checkpoint: str
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = 0
     if checkpoint and os.path.exists(checkpoint):
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=True)  # plain data: no pickled code
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
