@@ -5,6 +5,7 @@ Import everything from here::
     from asyncloader import AsyncLoader, get_worker_info
 """
 
+from asyncloader._base.shared_list import SharedList
 from asyncloader._base.worker_info import WorkerInfo, get_worker_info
 from asyncloader._tuning.report import Diagnosis
 from asyncloader._tuning.stats import LoaderStats
@@ -26,6 +27,7 @@ __all__ = [
     "LoaderStats",
     "LoaderTimeoutError",
     "RemoteTraceback",
+    "SharedList",
     "SourceHeavyWarning",
     "WorkerCrashedError",
     "WorkerInfo",
