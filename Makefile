@@ -45,5 +45,12 @@ bench: $(VENV)/.bench-installed
 bench-quick: $(VENV)/.bench-installed
 	$(PY) -m benchmarks.bench --quick
 
+# The tar fuzz suite at nightly size (tests/test_fuzz_tar.py, which CI runs with 10,000
+# cases): FUZZ_CASES generated and mutated archives (default 200,000: about 10 min on 2 cores).
+FUZZ_CASES ?= 200000
+.PHONY: fuzz
+fuzz: $(VENV)/.dev-installed
+	ASYNCLOADER_FUZZ_CASES=$(FUZZ_CASES) $(PY) -m pytest -q -s --timeout 7200 tests/test_fuzz_tar.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -60,7 +60,7 @@ from asyncloader.sources._shardplan import (
 )
 from asyncloader.sources._skips import Skips
 from asyncloader.sources._stream import SKIPPED_POSITION, Position, ShardStream
-from asyncloader.sources._tar import members, split_key
+from asyncloader.sources._tar import Grouping, IgnoredMembers, members, split_key
 
 
 def _worker_part() -> tuple[int, int]:
@@ -484,34 +484,40 @@ class ShardedSource(ClientSource):
         return f"ShardedSource(<{len(self._urls)} shards: {first}, ...>, {self._client!r})"
 
     async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
-        """The raw samples of one slice; resumes a broken stream after its last whole member."""
+        """The raw samples of one slice; resumes a broken stream after its last whole member.
+
+        Members are grouped by :class:`._tar.Grouping` (a repeated, reserved or one too many
+        field is a permanent failure); what is not a regular file is read past and logged
+        (:class:`._tar.IgnoredMembers`)."""
         url = self._urls[slc.shard]
         target = self._client.shown(url)
         attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))
         pin: dict[str, Any] = {}
-        offset, seen, key, fields = 0, 0, None, {}
+        offset, seen, grouping, ignored = 0, 0, Grouping(), IgnoredMembers(target)
         end = None if slc.take is None else slc.skip + slc.take
         # The most it may hold: its count, else (the last shard, counted) one int's bound.
         declared = self._at_most if self._counts is None else self._counts[slc.shard]
         while True:
             chunks = self._client.stream(url, offset, pin)
             try:
-                async for member in members(chunks, offset, self._max_member):
+                async for member in members(chunks, offset, self._max_member, ignored):
                     attempts.progressed()
-                    name, ext = split_key(member.name)
-                    if key is not None and name != key:
+                    key, field = split_key(member.name)
+                    done = grouping.close(key)
+                    if done is not None:
                         if seen >= slc.skip:
-                            yield {"__key__": key, "__url__": target, **fields}
-                        seen, fields = seen + 1, {}
+                            yield {"__key__": done[0], "__url__": target, **done[1]}
+                        seen += 1
                         if seen == declared:  # a sample the count did not declare
                             raise miscounted(slc.shard, declared, None)
                         if seen == end:
                             return
-                    key, fields[ext] = name, member.data
+                    grouping.add(member, key, field)
                     offset = member.end
-                if key is not None:
+                done = grouping.finish()
+                if done is not None:
                     if seen >= slc.skip:
-                        yield {"__key__": key, "__url__": target, **fields}
+                        yield {"__key__": done[0], "__url__": target, **done[1]}
                     seen += 1
                 if end is not None and seen < end:
                     raise miscounted(slc.shard, declared, seen)
