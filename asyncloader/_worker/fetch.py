@@ -50,6 +50,15 @@ class _Batch:
         self.done = done
         self.skips: dict[int, Skip] = {}  # position -> the sample left out (on_error="skip")
 
+    def place(self, pos: int, sample: Any) -> None:
+        """Sample ``pos`` arrived: kept unless the batch failed meanwhile; the last one in
+        completes the batch."""
+        if not self.done.done():
+            self.samples[pos] = sample
+            self.left -= 1
+            if self.left == 0:
+                self.complete()
+
     def complete(self) -> None:
         """Resolves ``done`` once every sample is in or left out (``left == 0``)."""
         if not self.skips:
@@ -164,30 +173,15 @@ class Fetcher:
                     continue
                 if self._runners > self._limit:  # the tuner lowered the limit
                     return
-                batch = queue[0]
-                done = batch.done
-                if done.done():  # failed or cancelled: skip the rest of it
-                    queue.popleft()
+                taken = self._take(queue)
+                if taken is None:
                     continue
-                pos = batch.next
-                batch.next = pos + 1
-                if pos + 1 == batch.size:
-                    queue.popleft()
-                index = batch.indices[pos]
-                fetching = self.fetching = self.fetching + 1
-                if fetching > self.max_fetching:
-                    self.max_fetching = fetching
+                batch, pos = taken
                 began = now() if meter is not None else 0.0  # the tuner needs only the end
                 try:
-                    sample = await get(index)
+                    sample = await get(batch.indices[pos])
                 except asyncio.CancelledError as exc:
-                    if me.cancelling():
-                        raise  # the epoch is being cancelled
-                    # A source that raises CancelledError of its own (some clients do on
-                    # timeouts) failed this sample: report it, never lose the sample quietly.
-                    error = AsyncLoaderError("the source raised CancelledError for this sample")
-                    error.__cause__ = exc
-                    self._fail(batch, error, pos)
+                    self._cancelled(me, batch, exc, pos)
                     continue
                 except Exception as exc:
                     self._fail(batch, exc, pos)
@@ -199,13 +193,37 @@ class Fetcher:
                         meter.fetch.add(ended - began)
                 if self._tuner is not None:
                     self._retune(bool(queue), ended, sample)
-                if not done.done():
-                    batch.samples[pos] = sample
-                    batch.left -= 1  # inline: this runs once per sample
-                    if batch.left == 0:
-                        batch.complete()
+                batch.place(pos, sample)
         finally:
             self._runners -= 1
+
+    def _take(self, queue: deque[_Batch]) -> tuple[_Batch, int] | None:
+        """The next sample to fetch, ``(batch, position)``, counted as fetching; None when
+        the first queued batch had failed or was cancelled (the rest of it is dropped)."""
+        batch = queue[0]
+        if batch.done.done():
+            queue.popleft()
+            return None
+        pos = batch.next
+        batch.next = pos + 1
+        if pos + 1 == batch.size:
+            queue.popleft()
+        fetching = self.fetching = self.fetching + 1
+        if fetching > self.max_fetching:
+            self.max_fetching = fetching
+        return batch, pos
+
+    def _cancelled(
+        self, me: asyncio.Task[Any], batch: _Batch, exc: asyncio.CancelledError, pos: int
+    ) -> None:
+        """A sample's fetch raised CancelledError: re-raised when the epoch is being
+        cancelled; else the source raised it of its own (some clients do on timeouts) and
+        the sample failed, reported, never lost quietly."""
+        if me.cancelling():
+            raise exc
+        error = AsyncLoaderError("the source raised CancelledError for this sample")
+        error.__cause__ = exc
+        self._fail(batch, error, pos)
 
     @property
     def limit(self) -> int:
