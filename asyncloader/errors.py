@@ -37,8 +37,9 @@ class FetchError(AsyncLoaderError):
     Either its retry budget was spent on transient failures (5xx, 429, connection resets,
     timeouts, truncated bodies), or the failure is permanent (a 4xx other than 429, a missing
     key, an object over ``max_object_size``), in which case ``attempts`` is the number made so
-    far. The message names the URL or key (credentials and query strings redacted), the
-    attempts and the last cause; the cause is chained unless its text held a secret.
+    far. The message names the URL or key (user-info and query values hidden), the attempts
+    and the last cause. Every string it shows is redacted, its cause/context chain included:
+    there an exception whose text or attributes held a credential is a :class:`RedactedError`.
 
     Attributes:
         target: The redacted URL, key or path.
@@ -58,6 +59,29 @@ class FetchError(AsyncLoaderError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.target, self.attempts, self.cause, self.reason))
+
+
+class RedactedError(AsyncLoaderError):
+    """Stands in, in the cause/context chain of a failure, for an exception whose text or
+    attributes held a credential (aiohttp's errors carry the request's URL and headers).
+
+    It keeps the replaced exception's type name, its message (redacted), its traceback, notes
+    and own chain; the exception you catch keeps its type, only its strings are redacted.
+
+    Attributes:
+        type_name: ``module.QualName`` of the exception it replaces.
+        message: That exception's message, redacted.
+        status: The HTTP status it carried, if any.
+    """
+
+    def __init__(self, type_name: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
+        self.message = message
+        self.status = status
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.type_name, self.message, self.status))
 
 
 class RemoteTraceback(Exception):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
+import gzip
 import hashlib
 import json
 import os
@@ -26,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,18 @@ from aiohttp import ClientSession, web
 from asyncloader._worker.orphans import _die_with_parent as die_with_parent
 
 FAULTS = ("503", "429", "403", "404", "reset", "truncate", "short", "stall")
+#: Faults a script may give as ``"name"`` or ``"name:arg"`` besides FAULTS (whose ``reset``,
+#: ``truncate``, ``503`` and ``429`` take an argument too):
+SCRIPTED = {
+    "503:<s>, 429:<s>": "that status with the header Retry-After: <s>",
+    "reset:<n>, truncate:<n>": "the body cut after n bytes (not half), by a reset or a close",
+    "trickle:<s>": "the body one byte every s seconds",
+    "gzip": "the body gzip-compressed (Content-Encoding: gzip, Content-Length its size)",
+    "redirect:<url>": "302 to <url> (a path alone: on this server)",
+    "chunked, chunked-cut:<n>": "chunked; cut after n bytes with no last chunk (a clean close)",
+    "close, close:<n>": "no length nor chunks: the body (its first n bytes), then a close",
+    "length:<d>": "Content-Length off by d, the whole body sent, then a close",
+}
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
@@ -50,6 +64,9 @@ class Faults:
         rates: Probability of each fault in FAULTS per request (drawn from ``seed``).
         script: Per path, faults for its first requests, in order ("ok" for none).
         stall: Seconds a "stall" lasts.
+        etag: Send an ETag (the body's MD5).
+        last_modified: Send a Last-Modified (a date drawn from the body's MD5).
+        if_match: Honour If-Match (412 when it does not match); False: ignore it.
     """
 
     latency: float = 0.0
@@ -58,6 +75,9 @@ class Faults:
     script: dict[str, list[str]] = field(default_factory=dict)
     seed: int = 0
     stall: float = 30.0
+    etag: bool = True
+    last_modified: bool = False
+    if_match: bool = True
 
 
 @dataclass(frozen=True)
@@ -68,6 +88,18 @@ class Request:
     path: str
     range: str | None
     fault: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def _refusal(name: str, arg: str) -> web.Response | None:
+    """The response of a status fault (``503:<Retry-After>``...) or a redirect, else None."""
+    if name in ("503", "429", "403", "404"):
+        after = arg or ("0" if name == "429" else None)
+        headers = {"Retry-After": after} if after is not None else {}
+        return web.Response(status=int(name), text=f"injected {name}", headers=headers)
+    if name == "redirect":
+        return web.Response(status=302, headers={"Location": arg})
+    return None
 
 
 class FaultyHTTPServer:
@@ -76,6 +108,8 @@ class FaultyHTTPServer:
     With ``upstream`` (another server on 127.0.0.1) it is a reverse proxy instead: requests
     are forwarded unchanged (Host and signature headers included) and the faults are applied
     to the upstream's answers. Use as a context manager; ``faults`` may be replaced.
+    ``on_request(request)``, when set, runs on the server's thread after each response (its
+    body sent or cut), before the server reads the next request.
     """
 
     def __init__(
@@ -97,6 +131,8 @@ class FaultyHTTPServer:
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
         self._client: ClientSession | None = None
+        self._gzipped: dict[bytes, bytes] = {}
+        self.on_request: Callable[[Request], None] | None = None
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}"
@@ -120,35 +156,56 @@ class FaultyHTTPServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.active += 1
         self.max_active = max(self.max_active, self.active)
-        try:
-            return await self._respond(request)
-        finally:
-            self.active -= 1
-
-    async def _respond(self, request: web.Request) -> web.StreamResponse:
         path = request.path.lstrip("/")
         fault = self._choose(path)
-        self.requests.append(Request(request.method, path, request.headers.get("Range"), fault))
+        seen = Request(request.method, path, request.headers.get("Range"), fault,
+                       dict(request.headers))  # fmt: skip
+        self.requests.append(seen)
+        try:
+            return await self._respond(request, path, fault)
+        finally:
+            self.active -= 1
+            if self.on_request is not None:
+                self.on_request(seen)
+
+    async def _respond(self, request: web.Request, path: str, fault: str) -> web.StreamResponse:
+        name, _, arg = fault.partition(":")
         delay = self.faults.latency
         if self.faults.jitter:  # drawn only then: the faults drawn for a seed stay the same
             delay += self._rng.random() * self.faults.jitter
         if delay:
             await asyncio.sleep(delay)
-        if fault == "stall":
+        if name == "stall":
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.faults.stall)
-        if fault in ("503", "429", "403", "404"):
-            headers = {"Retry-After": "0"} if fault == "429" else {}
-            return web.Response(status=int(fault), text=f"injected {fault}", headers=headers)
+        refusal = _refusal(name, arg)
+        if refusal is not None:
+            return refusal
         if self.upstream is not None:
             return await self._forward(request, fault)
         body = self.objects.get(path)
         if body is None:
             return web.Response(status=404, text="no such object")
-        etag = '"' + hashlib.md5(body).hexdigest() + '"'
-        if request.headers.get("If-Match", etag) != etag:
+        answer = self._select(request, body)
+        if isinstance(answer, web.Response):
+            return answer
+        status, headers, body = answer
+        return await self._send(request, name, arg, status, headers, body)
+
+    def _select(self, request: web.Request, body: bytes) -> web.Response | tuple[int, dict, bytes]:
+        """The status, headers and bytes of ``body`` that the request asks for (Range,
+        If-Match), or the response refusing it (412, 416)."""
+        digest = hashlib.md5(body).digest()
+        etag = '"' + digest.hex() + '"'
+        headers = {"Accept-Ranges": "bytes"}
+        if self.faults.etag:
+            headers["ETag"] = etag
+        if self.faults.last_modified:
+            stamp = 10**9 + int.from_bytes(digest[:4], "big")
+            headers["Last-Modified"] = email.utils.formatdate(stamp, usegmt=True)
+        if self.faults.if_match and request.headers.get("If-Match", etag) != etag:
             return web.Response(status=412)
-        status, headers = 200, {"ETag": etag, "Accept-Ranges": "bytes"}
+        status = 200
         match = _RANGE.fullmatch(request.headers.get("Range", ""))
         if match:
             start = int(match[1])
@@ -157,22 +214,74 @@ class FaultyHTTPServer:
                 return web.Response(status=416)
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(body)}"
             status, body = 206, body[start:end]
-        if fault == "short":
-            body = body[: len(body) // 2]
-        headers["Content-Length"] = str(len(body))
+        return status, headers, body
+
+    async def _send(
+        self, request: web.Request, name: str, arg: str, status: int, headers: dict, body: bytes
+    ) -> web.StreamResponse:
+        """Sends ``body`` as the fault ``name:arg`` says."""
+        body = self._encode(name, headers, body)
+        if name in ("close", "length"):
+            return self._raw(request, name, arg, status, headers, body)
         resp = web.StreamResponse(status=status, headers=headers)
+        if name.startswith("chunked"):
+            resp.enable_chunked_encoding()
+        else:
+            resp.content_length = len(body)
         await resp.prepare(request)
-        if fault in ("reset", "truncate"):
-            await resp.write(body[: len(body) // 2])
-            assert request.transport is not None
-            if fault == "reset":
-                request.transport.abort()
-            else:
-                request.transport.close()
+        if request.method == "HEAD":
+            await resp.write_eof()
             return resp
-        await resp.write(body)
-        await resp.write_eof()
+        if name in ("reset", "truncate", "chunked-cut"):
+            await resp.write(body[: int(arg) if arg else len(body) // 2])
+            assert request.transport is not None
+            (request.transport.abort if name == "reset" else request.transport.close)()
+            return resp
+        await self._write(resp, body, float(arg) if name == "trickle" else None)
         return resp
+
+    @staticmethod
+    async def _write(resp: web.StreamResponse, body: bytes, pause: float | None) -> None:
+        """The whole body: at once, or one byte every ``pause`` seconds (a trickle, which ends
+        when the client goes)."""
+        with contextlib.suppress(ConnectionResetError):
+            if pause is None:
+                await resp.write(body)
+            else:
+                for i in range(len(body)):
+                    await resp.write(body[i : i + 1])
+                    await asyncio.sleep(pause)
+            await resp.write_eof()
+
+    def _encode(self, name: str, headers: dict, body: bytes) -> bytes:
+        """The bytes sent for ``body``: half of it (``short``), or gzipped (``gzip``)."""
+        if name == "short":
+            return body[: len(body) // 2]
+        if name != "gzip":
+            return body
+        headers["Content-Encoding"] = "gzip"
+        if body not in self._gzipped:
+            self._gzipped[body] = gzip.compress(body, compresslevel=9, mtime=0)
+        return self._gzipped[body]
+
+    @staticmethod
+    def _raw(
+        request: web.Request, name: str, arg: str, status: int, headers: dict, body: bytes
+    ) -> web.StreamResponse:
+        """Writes a response aiohttp would not frame so: close-delimited (``close``: no length,
+        the first ``arg`` bytes, else all) or with a lying Content-Length (``length``: off by
+        ``arg``); the connection is closed after it."""
+        if name == "length":
+            headers["Content-Length"] = str(len(body) + int(arg))
+        elif arg:
+            body = body[: int(arg)]
+        headers["Connection"] = "close"
+        head = f"HTTP/1.1 {status} {'OK' if status == 200 else 'Partial Content'}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        assert request.transport is not None
+        request.transport.write(head.encode() + body)
+        request.transport.close()
+        return web.Response()  # not sent: the connection is closed
 
     async def _forward(self, request: web.Request, fault: str) -> web.StreamResponse:
         """Relays the request upstream; a reset or truncation cuts the relayed body."""

@@ -138,7 +138,8 @@ def test_private_packages_are_layers_with_a_docstring_and_plain_module_names():
     """Every private subpackage is a known layer whose __init__ is only its docstring (what the
     layer does and may import); modules inside drop the leading underscore."""
     packages = {p.parent for p in PACKAGE.rglob("__init__.py")} - {PACKAGE, PACKAGE / "sources"}
-    assert {p.relative_to(PACKAGE).parts[0] for p in packages} == set(LAYERS)
+    # sources/ may hold private subpackages of its own (sources/_cache), under the same rules
+    assert {p.relative_to(PACKAGE).parts[0] for p in packages} - {"sources"} == set(LAYERS)
     for package in packages:
         body = parse((package / "__init__.py").read_text()).body
         assert len(body) == 1 and isinstance(body[0], ast.Expr), package

@@ -91,6 +91,23 @@ def s3fs_client(fs: Any) -> Any:
     return getattr(fs, "_s3", None)
 
 
+async def s3fs_read_range(fs: Any, path: str, start: int, end: int, if_match: str) -> bytes:
+    """Bytes ``[start, end)`` of an s3fs object, by a GetObject with ``IfMatch`` (which
+    ``_cat_file`` does not take), through s3fs's own request path (``_call_s3``: its client for
+    the bucket's region, its extra request arguments such as SSE-C keys, its error
+    translation). A changed object fails with the store's 412 in the cause chain."""
+    bucket, key, version = fs.split_path(path)
+    extra = {"VersionId": version} if version else {}
+    resp = await fs._call_s3(
+        "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=if_match,
+        **extra,
+    )  # fmt: skip
+    try:
+        return await resp["Body"].read()
+    finally:
+        resp["Body"].close()
+
+
 _registered: set[tuple[int, Callable[[], None]]] = set()
 
 

@@ -22,9 +22,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from asyncloader._base.failure import Failure
+from asyncloader._base.failure import Failure, RedactingFilter, redact_text
 
 log = logging.getLogger("asyncloader")
+log.addFilter(RedactingFilter())  # each record through the sources' redactors
 
 #: How many ``(index, reason)`` a loader keeps in ``skip_log``.
 SKIP_LOG_LENGTH = 16
@@ -109,7 +110,8 @@ class SkipLedger:
                 if not spent:
                     self.count += 1
                     count = self.count
-                    self.recent.append((skip.index, f"{type(exc).__qualname__}: {exc}"))
+                    reason = redact_text(f"{type(exc).__qualname__}: {exc}")
+                    self.recent.append((skip.index, reason))
             if spent:
                 exc.add_note(
                     f"asyncloader: on_error='skip' gave up: {self.count} samples skipped in "
@@ -117,13 +119,12 @@ class SkipLedger:
                 )
                 return skip.failure
             log.warning(
-                "skipped sample index=%r of batch %d at stage=%s (%d of max_skipped=%d): %s: %s",
+                "skipped sample index=%r of batch %d at stage=%s (%d of max_skipped=%d): %s",
                 skip.index,
                 seq,
                 skip.stage,
                 count,
                 self.max_skipped,
-                type(exc).__qualname__,
-                exc,
+                reason,
             )
         return EMPTY if trimmed.empty else trimmed.batch

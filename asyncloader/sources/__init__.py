@@ -6,8 +6,10 @@ Each source here is usable directly as the loader's dataset::
 """
 
 from asyncloader._base.kinds import AsyncMapSource, MapSource, SourceKind, source_kind
+from asyncloader.sources._cache.disk_cache import DiskCache
 from asyncloader.sources._files import FileSource
 from asyncloader.sources._http import HTTPSource
+from asyncloader.sources._mix.mix import Mix
 from asyncloader.sources._objectstore import ObjectStoreSource
 from asyncloader.sources._retry import Retry
 from asyncloader.sources._sharded import ShardedSource
@@ -15,9 +17,11 @@ from asyncloader.sources._skips import Skipped, drop_skipped, pass_skipped
 
 __all__ = [
     "AsyncMapSource",
+    "DiskCache",
     "FileSource",
     "HTTPSource",
     "MapSource",
+    "Mix",
     "ObjectStoreSource",
     "Retry",
     "ShardedSource",

@@ -156,8 +156,7 @@ class FileSource(RemoteMap):
         max_skipped: int | None = None,
         max_object_size: int | None = DEFAULT_MAX_OBJECT_SIZE,
     ) -> None:
-        retry = retry or Retry()
-        check_common(retry, max_object_size, decode)
+        retry = check_common(retry, max_object_size, decode)
         if isinstance(paths, str | os.PathLike):
             if not os.path.isdir(paths):
                 raise ValueError(f"{os.fspath(paths)!r} is not a directory; pass a list of files")

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncloader.errors import FetchError
-from asyncloader.sources._redact import Redactor, url_secrets
+from asyncloader.sources._cache.client import check_cache, with_cache
+from asyncloader.sources._redact import Redactor, hide_urls, redact_exception, url_secrets
 from asyncloader.sources._retry import Attempts, Retry, describe_cause, retrying
 from asyncloader.sources._skips import Skipped, Skips
+
+if TYPE_CHECKING:
+    from asyncloader.sources._cache.disk_cache import DiskCache
 
 Item = tuple[str, int | None, int | None]
 DEFAULT_MAX_OBJECT_SIZE = 256 << 20
@@ -46,9 +50,14 @@ class Client(Protocol):
 
 
 def check_common(
-    retry: Retry, max_object_size: int | None, decode: Callable[[bytes], Any] | None
-) -> None:
-    """Validates the options every source takes."""
+    retry: Retry | None,
+    max_object_size: int | None,
+    decode: Callable[[bytes], Any] | None,
+    cache: object = None,
+) -> Retry:
+    """Validates the options every source takes; returns ``retry`` (the default when None)."""
+    check_cache(cache)
+    retry = Retry() if retry is None else retry
     if not isinstance(retry, Retry):
         raise TypeError(f"retry must be a Retry, got {type(retry).__qualname__}")
     if max_object_size is not None:
@@ -60,6 +69,7 @@ def check_common(
             raise ValueError(f"{max_object_size=} must be >= 1")
     if decode is not None and not callable(decode):
         raise TypeError(f"decode must be callable or None, got {type(decode).__qualname__}")
+    return retry
 
 
 def check_timeout(timeout: float) -> None:
@@ -79,7 +89,8 @@ def parse_items(items: Sequence[Any], what: str) -> list[Item]:
             out.append((os.fspath(item), None, None))
             continue
         if not (isinstance(item, tuple) and len(item) == 3):
-            raise TypeError(f"each of {what} must be a str or (str, offset, length), got {item!r}")
+            shown = hide_urls(repr(item))
+            raise TypeError(f"each of {what} must be a str or (str, offset, length), got {shown}")
         target, start, length = item
         if not (isinstance(start, int) and start >= 0 and isinstance(length, int) and length >= 1):
             raise ValueError(f"range ({start!r}, {length!r}) must have offset >= 0, length >= 1")
@@ -112,7 +123,8 @@ class ClientSource:
 
 
 class RemoteMap(ClientSource):
-    """An async map-style source over ``items`` read through ``client``.
+    """An async map-style source over ``items`` read through ``client`` (and ``cache``,
+    a :class:`~asyncloader.sources.DiskCache`, when given).
 
     Item ``i`` is the bytes of ``items[i]`` (or ``decode(bytes)``). See the public subclasses.
     """
@@ -126,9 +138,10 @@ class RemoteMap(ClientSource):
         retry: Retry,
         on_error: str,
         max_skipped: int | None,
+        cache: DiskCache | None = None,
     ) -> None:
         self._items = items
-        self._client = client
+        self._client = with_cache(client, cache)
         self._decode = decode
         self._retry = retry
         self._skips = Skips(on_error, max_skipped)
@@ -154,6 +167,7 @@ class RemoteMap(ClientSource):
         try:
             data = await retrying(lambda: self._client.read(target, start, length), attempts)
         except FetchError as exc:
+            redact_exception(exc, attempts.redact)  # its chain too: before anyone reads it
             if self._skips.absorb(exc, attempts.target, exc.cause):
                 return Skipped(index, attempts.target, str(exc))
             raise
@@ -162,6 +176,7 @@ class RemoteMap(ClientSource):
         try:
             return self._decode(data)
         except Exception as exc:
+            redact_exception(exc, attempts.redact)  # keeps the user's type: strings only
             reason = describe_cause(exc, attempts.redact)
             if self._skips.absorb(exc, attempts.target, f"decode failed: {reason}"):
                 return Skipped(index, attempts.target, reason)

@@ -12,15 +12,21 @@ avoided with ``max_concurrency=1``; s3fs's and botocore's own retries are turned
 alone decides, and the attempts counted in :class:`FetchError` are real requests. A whole
 object is read as one ranged GET of ``max_object_size + 1`` bytes, so an oversized object is
 refused without a HEAD and without reading it all.
+
+A stream (a shard) reads blocks of one version: the version the store reports when the stream
+starts (ETag, version id, generation, modification time, size) is pinned; on S3 every block
+is a GET with If-Match on the ETag, on other stores the version is asked again after each
+block (one metadata request per block) unless one read took the whole object. A change is a
+:class:`Permanent` failure, never a splice.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from asyncloader._base.compat import s3fs_client
+from asyncloader._base.compat import s3fs_client, s3fs_read_range
 from asyncloader._base.threads import call_in_thread
 from asyncloader.sources._map import (
     DEFAULT_MAX_OBJECT_SIZE,
@@ -29,7 +35,13 @@ from asyncloader.sources._map import (
     parse_items,
 )
 from asyncloader.sources._perloop import PerLoop
-from asyncloader.sources._redact import Redactor, option_secrets, redact_url
+from asyncloader.sources._redact import (
+    Redactor,
+    option_secrets,
+    redact_exception,
+    redact_url,
+    url_secrets,
+)
 from asyncloader.sources._retry import (
     Attempts,
     Permanent,
@@ -40,7 +52,13 @@ from asyncloader.sources._retry import (
     status_of,
 )
 
+if TYPE_CHECKING:
+    from asyncloader.sources._cache.disk_cache import DiskCache
+
 _BLOCK = 8 << 20
+# What identifies a version in the info dicts of s3fs, gcsfs, adlfs and fsspec's http.
+_VERSION_KEYS = ("ETag", "etag", "VersionId", "version_id", "generation", "LastModified",
+                 "last_modified", "Last-Modified", "mtime", "updated", "size")  # fmt: skip
 _UNCAPPED_POOL = 4096  # "no cap of the client's own": far above any io_concurrency in use
 
 
@@ -160,19 +178,48 @@ class StoreClient:
     async def stream(
         self, target: str, start: int, pin: dict[str, Any]
     ) -> AsyncGenerator[bytes, None]:
-        """Ranged GETs of 8 MiB from ``start``; one ``_info`` per stream for the size."""
+        """Ranged GETs of 8 MiB from ``start``, all of the version pinned by one ``_info`` per
+        stream (see the module's notes)."""
         fs = await self._fss.get()
         path = fs._strip_protocol(target)
         if "size" not in pin:
-            pin["size"] = int((await fs._info(path))["size"])
+            info = await self._info(fs, path)
+            pin["size"], pin["version"] = int(info["size"]), _version(info)
         size, pos = pin["size"], start
         while pos < size:
             end = min(size, pos + _BLOCK)
-            data = await fs._cat_file(path, start=pos, end=end)
+            data = await self._block(fs, path, pos, end, pin)
             if len(data) != end - pos:
                 raise Transient(f"truncated range: {len(data)} of {end - pos} bytes at {pos}")
             pos = end
             yield data
+
+    async def _info(self, fs: Any, path: str) -> dict[str, Any]:
+        if self.protocol in ("s3", "s3a"):
+            return await fs._info(path, refresh=True)  # not a listing's cached entry
+        return await fs._info(path)
+
+    async def _block(self, fs: Any, path: str, start: int, end: int, pin: dict[str, Any]) -> bytes:
+        """Bytes ``[start, end)`` of the pinned version.
+
+        Raises:
+            Permanent: The object is no longer the pinned version.
+        """
+        version = pin["version"]
+        etag = version.get("ETag")
+        if self.protocol in ("s3", "s3a") and isinstance(etag, str):
+            try:
+                return await s3fs_read_range(fs, path, start, end, etag)
+            except Exception as exc:
+                if status_of(exc) != 412:
+                    raise
+                raise _changed(start, version, "no longer matches its ETag (412)") from None
+        data = await fs._cat_file(path, start=start, end=end)
+        if version and not (start == 0 and end == pin["size"]):
+            now = _version(await self._info(fs, path))
+            if now != version:
+                raise _changed(start, version, f"is now {now}")
+        return data
 
     async def find(self, url: str) -> list[str]:
         """The keys under ``url`` (recursively), as full URLs, sorted."""
@@ -205,6 +252,8 @@ class ObjectStoreSource(RemoteMap):
         max_object_size: Largest object accepted, in bytes (default 256 MiB); None: no limit.
         max_connections: Cap on connections per event loop (s3fs: ``max_pool_connections``);
             default none below the loader's ``io_concurrency``.
+        cache: A :class:`DiskCache`: objects are read from it when there, else fetched and
+            written through (see docs/sources.md, "Disk cache").
     """
 
     def __init__(
@@ -213,15 +262,15 @@ class ObjectStoreSource(RemoteMap):
         /,
         *,
         storage_options: Mapping[str, Any] | None = None,
+        max_connections: int | None = None,
         retry: Retry | None = None,
         decode: Callable[[bytes], Any] | None = None,
         on_error: str = "raise",
         max_skipped: int | None = None,
         max_object_size: int | None = DEFAULT_MAX_OBJECT_SIZE,
-        max_connections: int | None = None,
+        cache: DiskCache | None = None,
     ) -> None:
-        retry = retry or Retry()
-        check_common(retry, max_object_size, decode)
+        retry = check_common(retry, max_object_size, decode, cache)
         first = url_or_keys if isinstance(url_or_keys, str) else _first_target(url_or_keys)
         client = StoreClient(
             split_protocol(first),
@@ -232,10 +281,14 @@ class ObjectStoreSource(RemoteMap):
         if isinstance(url_or_keys, str):
             prefix = url_or_keys
             attempts = Attempts(client.shown(prefix), retry, client.redact)
-            listed = call_in_thread(
-                lambda: asyncio.run(retrying(lambda: client.find(prefix), attempts)),
-                "asyncloader-list",
-            )
+            try:
+                listed = call_in_thread(
+                    lambda: asyncio.run(retrying(lambda: client.find(prefix), attempts)),
+                    "asyncloader-list",
+                )
+            except Exception as exc:
+                redact_exception(exc, client.redact.extended(url_secrets(prefix)))
+                raise
             if not listed:
                 raise ValueError(f"no objects under {client.shown(url_or_keys)!r}")
             url_or_keys = listed
@@ -244,8 +297,26 @@ class ObjectStoreSource(RemoteMap):
             if split_protocol(target) != client.protocol:
                 raise ValueError(f"{redact_url(target)!r} is not a {client.protocol}:// URL")
         super().__init__(
-            items, client, decode=decode, retry=retry, on_error=on_error, max_skipped=max_skipped
+            items,
+            client,
+            retry=retry,
+            decode=decode,
+            on_error=on_error,
+            max_skipped=max_skipped,
+            cache=cache,
         )
+
+
+def _version(info: Mapping[str, Any]) -> dict[str, Any]:
+    """What identifies the version of an object in a store's info dict (ETag, size...)."""
+    return {key: info[key] for key in _VERSION_KEYS if info.get(key) is not None}
+
+
+def _changed(at: int, version: Mapping[str, Any], how: str) -> Permanent:
+    return Permanent(
+        f"the object changed while it was read: at byte {at} it {how}, not {dict(version)}; "
+        "the two versions are not spliced"
+    )
 
 
 def _first_target(keys: Sequence[Any]) -> str:

@@ -29,17 +29,18 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncloader._base.failure import unwrap_group
 from asyncloader._base.ranks import check_ranks, resolve_ranks
 from asyncloader._base.worker_info import get_worker_info
 from asyncloader.errors import FetchError
+from asyncloader.sources._cache.client import plan_cache, with_cache
 from asyncloader.sources._files import FileClient
 from asyncloader.sources._http import HTTPClient
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, ClientSource, check_common
 from asyncloader.sources._objectstore import StoreClient
-from asyncloader.sources._redact import redact_url, url_secrets
+from asyncloader.sources._redact import Redactor, redact_exception, redact_url, url_secrets
 from asyncloader.sources._remainder import (
     StreamCut,
     Streams,
@@ -61,6 +62,9 @@ from asyncloader.sources._shardplan import (
 from asyncloader.sources._skips import Skips
 from asyncloader.sources._stream import SKIPPED_POSITION, Position, ShardStream
 from asyncloader.sources._tar import Grouping, IgnoredMembers, members, split_key
+
+if TYPE_CHECKING:
+    from asyncloader.sources._cache.disk_cache import DiskCache
 
 
 def _worker_part() -> tuple[int, int]:
@@ -150,6 +154,9 @@ class ShardedSource(ClientSource):
             ``skipped`` (needs ``samples_per_shard``). A rank that skips yields fewer samples.
         max_skipped: The most samples to skip with ``on_error="skip"``.
         max_object_size: Largest tar member accepted, in bytes (default 256 MiB).
+        cache: A :class:`DiskCache`: a shard is read from it when there, else downloaded
+            into it whole (once per node), then read from it; the shards of the running
+            epoch are evicted last (see docs/sources.md, "Disk cache").
 
     Call :meth:`set_epoch` before each epoch (as with DistributedSampler) for a new order;
     ``AsyncLoader(distributed=True)`` calls it, and :meth:`set_rank`, itself.
@@ -177,6 +184,7 @@ class ShardedSource(ClientSource):
         decode: Callable[[dict[str, Any]], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        cache: DiskCache | None = None,
         timeout: float = 30.0,
         retry: Retry | None = None,
         on_error: str = "raise",
@@ -184,8 +192,7 @@ class ShardedSource(ClientSource):
         max_object_size: int | None = DEFAULT_MAX_OBJECT_SIZE,
         max_connections: int | None = None,
     ) -> None:
-        retry = retry or Retry()
-        check_common(retry, max_object_size, None)
+        retry = check_common(retry, max_object_size, None, cache)
         if decode is not None and not callable(decode):
             raise TypeError(f"decode must be callable or None, got {type(decode).__qualname__}")
         if isinstance(shard_urls, str) or not shard_urls:
@@ -207,7 +214,7 @@ class ShardedSource(ClientSource):
         if isinstance(samples_per_shard, int):
             self._counts, self._at_most = None, samples_per_shard
         self._skips = Skips(on_error, max_skipped)
-        self._client = make_client(
+        client = make_client(
             self._urls[0],
             timeout=timeout,
             headers=headers,
@@ -215,6 +222,7 @@ class ShardedSource(ClientSource):
             max_object_size=max_object_size,
             storage_options=storage_options,
         )
+        self._client = with_cache(client, cache)
         self._seed, self._shuffle, self._epoch = seed, bool(shuffle), 0
         self._buffer_size, self._concurrency = shuffle_buffer, shard_concurrency
         self._initial = shuffle_initial
@@ -429,6 +437,7 @@ class ShardedSource(ClientSource):
             if workers > 1 and not history and self._counts is None:
                 position.worker_split = "slices"
             slices = self._plan(worker, workers, position.worker_split, tail, history)
+            plan_cache(self._client, [self._urls[s.shard] for s in slices])
             rng = self._rng(rank, worker, workers, len(history))
             return ShardStream(
                 slices, self.items, rng, self._buffer_size, self._concurrency, position
@@ -470,7 +479,11 @@ class ShardedSource(ClientSource):
             async with limit:
                 read = self.samples(Slice(shard, 0, None))
                 async with contextlib.aclosing(read) as samples:
-                    return sum([1 async for _ in samples])
+                    try:
+                        return sum([1 async for _ in samples])
+                    except Exception as exc:
+                        redact_exception(exc, self._redactor(shard))
+                        raise
 
         try:
             async with asyncio.TaskGroup() as tg:
@@ -536,8 +549,16 @@ class ShardedSource(ClientSource):
         its last, past the samples it does not pick."""
         read = self._items(slc, want) if slc.picks is None else read_picks(self._items, slc, want)
         async with contextlib.aclosing(read) as items:
-            async for item in items:
-                yield item
+            try:
+                async for item in items:
+                    yield item
+            except Exception as exc:
+                redact_exception(exc, self._redactor(slc.shard))
+                raise
+
+    def _redactor(self, shard: int) -> Redactor:
+        """Hides the secrets of the client and of shard ``shard``'s URL."""
+        return self._client.redact.extended(url_secrets(self._urls[shard]))
 
     async def _items(
         self, slc: Slice, want: Callable[[int], bool]

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch.utils.data import default_collate
 
+from asyncloader._base.failure import redact_text
 from asyncloader._base.validate import check_on_error
 
 log = logging.getLogger("asyncloader.sources")
@@ -65,6 +66,7 @@ class Skips:
         """
         if self.on_error == "raise":
             return False
+        target, reason = redact_text(target), redact_text(reason)  # the sources' redactors
         with self._lock:
             assert self.max_skipped is not None
             if self.count + samples > self.max_skipped:

@@ -171,7 +171,7 @@ def test_credentials_never_appear_in_repr_logs_or_errors(http_server, caplog):
     shown += info.value.__notes__
     for secret in ("hunter2pw", "s3cr3tsig", "tok-abcdef"):
         assert not any(secret in text for text in shown), secret
-    assert "alice:***@" in info.value.target and "X-Amz-Signature=***" in info.value.target
+    assert "//***:***@" in info.value.target and "X-Amz-Signature=***" in info.value.target
 
 
 def test_connection_pool_is_not_capped_by_aiohttp_default(http_server):

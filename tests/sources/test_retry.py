@@ -293,13 +293,13 @@ def test_fetch_error_pickles_with_its_attributes():
     ("url", "shown"),
     [
         ("https://h/a/b.tar", "https://h/a/b.tar"),
-        ("https://u:pw1234@h:8/x", "https://u:***@h:8/x"),
-        ("https://u@h/x", "https://u@h/x"),
+        ("https://u:pw1234@h:8/x", "https://***:***@h:8/x"),
+        ("https://u@h/x", "https://***@h/x"),
         ("https://h/x?X-Amz-Signature=abc&X-Amz-Credential=def", "https://h/x?X-Amz-Signature=***&X-Amz-Credential=***"),
     ],
 )  # fmt: skip
 def test_redact_url_hides_passwords_and_query_values(url, shown):
-    """URLs are shown without their password and query values."""
+    """URLs are shown without their user-info (user and password) and query values."""
     assert redact_url(url) == shown
 
 

@@ -1,0 +1,144 @@
+"""The sources of a :class:`~asyncloader.sources.Mix`: what each is, its share on this rank,
+and how an iterable one is opened where a saved position left it.
+
+An iterable source is opened as the loader opens one (``asyncloader._base.source_state``):
+its epoch told first (``set_epoch``, where it has it), then its own state loaded (torchdata's
+``state_dict`` protocol), then ``iter()``/``aiter()`` and the iterator's state. What its own
+state does not cover (a source without one, or samples drawn on positions since it was
+saved) is read and dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+from asyncloader._base.kinds import SourceKind, source_kind
+from asyncloader._base.source_state import open_iterator, restore_dataset
+from asyncloader.sources._mix.draw import Layout, MemberCut
+from asyncloader.sources._mix.order import Order, rank_order, share_len
+
+
+class Member:
+    """One source of a Mix.
+
+    Args:
+        name: Its key in ``sources``.
+        source: The source: map-style (sync or async ``__getitem__`` and ``len``) or iterable
+            (sync or async).
+        seed, shuffle: The Mix's: a map-style source's epoch order is seeded from (seed,
+            name, epoch).
+
+    Raises:
+        TypeError: ``source`` is neither map-style nor iterable (named ``sources[name]``).
+    """
+
+    def __init__(self, name: str, source: Any, seed: int, shuffle: bool) -> None:
+        try:
+            kind = source_kind(source)
+        except TypeError:
+            raise TypeError(
+                f"sources[{name!r}] must be map-style (__getitem__ and __len__, sync or "
+                f"async) or iterable (__iter__ or __aiter__), got {type(source).__qualname__}"
+            ) from None
+        if kind.is_map and not callable(getattr(source, "__len__", None)):
+            raise TypeError(f"sources[{name!r}] is map-style without __len__: it needs one")
+        self.name, self.source, self.kind = name, source, kind
+        self.is_map = kind.is_map
+        self.is_async = kind in (SourceKind.ASYNC_MAP, SourceKind.ASYNC_ITERABLE)
+        self._seed, self._shuffle = seed, shuffle
+        self._n: int | None = None
+        self._orders: list[tuple[tuple[int, int, Layout], Order]] = []
+
+    def length(self) -> int:
+        """``len(source)`` (map-style), asked once."""
+        if self._n is None:
+            self._n = len(self.source)
+        return self._n
+
+    def order(self, epoch: int, cuts: Sequence[MemberCut], layout: Layout) -> Order:
+        """This rank's order of the source's epoch ``epoch`` cut by ``cuts`` (the last two
+        kept: a plan running ahead may be one epoch further than what was handed out)."""
+        key = (epoch, len(cuts), layout)
+        for held, order in self._orders:
+            if held == key:
+                return order
+        order = Order(rank_order(self.length(), (self._seed, self.name, epoch), self._shuffle,
+                                 cuts, layout))  # fmt: skip
+        self._orders = [*self._orders[-1:], (key, order)]
+        return order
+
+    def tell_epoch(self, epoch: int) -> Callable[[], None] | None:
+        """What tells an iterable source its epoch, or None when it has no ``set_epoch``."""
+        set_epoch = getattr(self.source, "set_epoch", None)
+        return (lambda: set_epoch(epoch)) if callable(set_epoch) else None
+
+
+def share_of(
+    members: Sequence[Member], layout: Layout
+) -> Callable[[int, int, list[MemberCut]], Any]:
+    """``share(i, epoch, cuts)``: samples map-style source ``i`` gives this rank in its epoch
+    cut by ``cuts`` (None for an iterable source), remembered per (source, epoch, cuts)."""
+    known: dict[tuple[int, int, int], int] = {}
+    is_map = [m.is_map for m in members]
+
+    def share(i: int, epoch: int, cuts: list[MemberCut]) -> int | None:
+        if not is_map[i]:
+            return None
+        key = (i, epoch, len(cuts))
+        n = known.get(key)
+        if n is None:
+            n = known[key] = share_len(members[i].length(), cuts, layout)
+        return n
+
+    return share
+
+
+def open_sync(member: Member, epoch: int, own: dict[str, Any] | None) -> Iterator[Any]:
+    """A sync iterable source's iterator at its epoch ``epoch``, where ``own`` (its saved
+    state, or None: its start) left it."""
+    restore_dataset(member.source, own or {}, member.tell_epoch(epoch), True)
+    return open_iterator(member.source, own or {}, False)
+
+
+def open_async(member: Member, epoch: int, own: dict[str, Any] | None) -> AsyncIterator[Any]:
+    """As :func:`open_sync`, for an async iterable source."""
+    restore_dataset(member.source, own or {}, member.tell_epoch(epoch), True)
+    return open_iterator(member.source, own or {}, True)
+
+
+def skip_sync(iterator: Iterator[Any], n: int) -> int:
+    """Reads and drops up to ``n`` items; how many there were."""
+    for dropped in range(n):
+        try:
+            next(iterator)
+        except StopIteration:
+            return dropped
+    return n
+
+
+async def skip_async(iterator: AsyncIterator[Any], n: int) -> int:
+    """As :func:`skip_sync`, for an async iterator."""
+    for dropped in range(n):
+        try:
+            await anext(iterator)
+        except StopAsyncIteration:
+            return dropped
+    return n
+
+
+def close_sync(member: Member, iterator: Any) -> None:
+    """Closes an iterator the source's ``__iter__`` made (never the source itself, whose
+    ``close`` may mean more)."""
+    close = getattr(iterator, "close", None)
+    if iterator is not member.source and callable(close):
+        close()
+
+
+async def close_async(member: Member, iterator: Any) -> None:
+    """As :func:`close_sync`, with ``aclose``."""
+    close = getattr(iterator, "aclose", None)
+    if iterator is not member.source and callable(close):
+        with contextlib.suppress(RuntimeError):  # an async generator already running
+            await close()
