@@ -6,7 +6,6 @@ keeps the loaded state, and the state loads with ``torch.load(weights_only=True)
 from __future__ import annotations
 
 import copy
-import json
 import re
 import warnings
 from typing import Any
@@ -20,6 +19,7 @@ from torch.utils.data import Dataset, IterableDataset
 from asyncloader import AsyncLoader
 from asyncloader.sources import ShardedSource
 from tests.helpers import shard_set
+from tests.helpers.contracts import state_after
 from tests.helpers.sources import CountingIterator
 from tests.test_state import as_version_3
 
@@ -85,16 +85,6 @@ def batches(loader: Any) -> list:
     return [b.tolist() for b in loader]
 
 
-def stopped(loader: AsyncLoader, k: int) -> dict:
-    """``loader``'s state after ``k`` batches of its next epoch, through JSON."""
-    it = iter(loader)
-    for _ in range(k):
-        next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
-    it.close()
-    return state
-
-
 def quoted(message: str) -> list[str]:
     """The fields a message names (``'path'``)."""
     return re.findall(r"'([\w.\[\]]+)'", message)
@@ -125,7 +115,7 @@ def test_a_state_missing_a_field_is_refused_and_the_loaded_one_is_kept(field):
     """A state without one of its fields is refused at load, naming it; the state loaded
     before stays, and the loader resumes from it exactly."""
     reference = batches(shuffled())
-    good = stopped(shuffled(), 3)
+    good = state_after(shuffled(), 3)
     loader = shuffled()
     loader.load_state_dict(good)
     refused(loader, {k: v for k, v in good.items() if k != field}, field)
@@ -146,7 +136,7 @@ def test_a_state_missing_a_field_is_refused_and_the_loaded_one_is_kept(field):
     ],
 )
 def test_a_position_out_of_range_is_refused(field, value):
-    good = stopped(shuffled(), 3)
+    good = state_after(shuffled(), 3)
     refused(shuffled(), {**good, field: value}, field)
 
 
@@ -155,7 +145,7 @@ def test_the_end_of_an_epoch_is_a_position():
     the resumed epoch has nothing left, the next one follows."""
     first = shuffled()
     reference = [batches(first) for _ in range(2)]
-    state = stopped(shuffled(), 10)
+    state = state_after(shuffled(), 10)
     assert state["next_batch"] == 10
     resumed = shuffled()
     resumed.load_state_dict(state)
@@ -167,7 +157,7 @@ def test_a_changed_dataset_length_is_refused_unless_allowed():
     opt-in. With it, the resumed epoch is the order of the new length drawn from the saved
     RNG state, its first ``next_batch`` batches stepped over; the epochs after are those of
     an uninterrupted run on the new dataset; the state then records the new length."""
-    state = stopped(shuffled(40), 3)
+    state = state_after(shuffled(40), 3)
     assert state["dataset_len"] == 40
     message = refused(shuffled(44), state, "dataset_len")
     assert "allow_length_change=True" in message and "40" in message and "44" in message
@@ -180,14 +170,14 @@ def test_a_changed_dataset_length_is_refused_unless_allowed():
 
 
 def test_allow_length_change_is_a_bool():
-    state = stopped(shuffled(40), 0)
+    state = state_after(shuffled(40), 0)
     with pytest.raises(TypeError, match="allow_length_change must be a bool"):
         shuffled(44).load_state_dict(state, allow_length_change="yes")
 
 
 def test_a_state_saved_before_the_length_was_recorded_loads_without_the_check():
     """A version 4 state has no ``dataset_len``: the length is unknown and not checked."""
-    state = stopped(shuffled(40), 0)
+    state = state_after(shuffled(40), 0)
     old = {k: v for k, v in state.items() if k != "dataset_len"} | {"version": 4}
     shuffled(44).load_state_dict(old)
     refused(shuffled(40), {**old, "version": 5}, "dataset_len")  # required from version 5
@@ -209,7 +199,7 @@ def test_distributed_allows_a_length_change_only_at_an_epoch_boundary():
         fresh = at(30, world)
         list(fresh)
         assert batches(loader) == batches(fresh)
-    mid = stopped(at(24, 2), 1)
+    mid = state_after(at(24, 2), 1)
     refused(at(30, 3), mid, "distributed.dataset_len", allow_length_change=True)
 
 
@@ -244,7 +234,7 @@ def test_a_stateful_iterable_that_fails_to_open_resumes_from_the_loaded_position
         def __iter__(self) -> FailsOnce:
             return FailsOnce(20)
 
-    state = stopped(AsyncLoader(Stream(), batch_size=4), 2)
+    state = state_after(AsyncLoader(Stream(), batch_size=4), 2)
     loader = AsyncLoader(Stream(), batch_size=4)
     loader.load_state_dict(state)
     with pytest.raises(OSError, match="first try"):
@@ -256,10 +246,12 @@ def test_the_rng_must_be_the_loaders_kind():
     """A state saved with a generator does not load into a loader without one (its order
     would silently come from torch's global RNG), nor the reverse; a truncated RNG state
     is refused at load, not at iter()."""
-    with_gen = stopped(shuffled(), 2)
+    with_gen = state_after(shuffled(), 2)
     without = AsyncLoader(Plain(40), batch_size=4, shuffle=True)
     refused(without, with_gen, "rng.kind")
-    refused(shuffled(), stopped(AsyncLoader(Plain(40), batch_size=4, shuffle=True), 2), "rng.kind")
+    refused(
+        shuffled(), state_after(AsyncLoader(Plain(40), batch_size=4, shuffle=True), 2), "rng.kind"
+    )
     cut = {**with_gen, "rng": {**with_gen["rng"], "state": with_gen["rng"]["state"][:64]}}
     refused(shuffled(), cut, "rng.state")
 
@@ -425,7 +417,7 @@ def test_a_tampered_state_is_refused_naming_the_field_and_the_loader_resumes_as_
     holding it), the loaded state unchanged; afterwards the loader resumes exactly."""
     make, k, optional, rewrite = TAMPERED[config]
     reference = batches(make())
-    good = stopped(make(), k)
+    good = state_after(make(), k)
     if rewrite is not None:
         good = rewrite(good)
     loader = make()

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from asyncloader import AsyncLoader
 from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 from tests.helpers import CodedError, DieAt, IterSource, SyncSource, indices_of
-from tests.helpers.contracts import epoch, steps
+from tests.helpers.contracts import epoch, state_after, steps
 from tests.helpers.sources import EpochCounting, InFlight, RaisingStream, UnevenStream
 
 IN_WORKERS = dict(num_workers=2, fetch_in_workers=True)
@@ -144,26 +144,17 @@ def test_a_worker_init_fn_error_reaches_the_first_step():
     loader.close()
 
 
-def _stopped_after(loader: AsyncLoader, k: int) -> dict:
-    it = iter(loader)
-    for _ in range(k):
-        next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
-    it.close()
-    return state
-
-
 def test_a_position_in_the_workers_iterations_needs_the_same_placement_and_workers():
     """The position of an iterable source iterated by 2 workers means nothing to 3 workers or
     to a single iteration in this process: loading it says so (and the reverse)."""
-    state = _stopped_after(AsyncLoader(IterSource(40), batch_size=4, **IN_WORKERS), 3)
+    state = state_after(AsyncLoader(IterSource(40), batch_size=4, **IN_WORKERS), 3)
     with pytest.raises(ValueError, match="num_workers=2 iterating the source"):
         AsyncLoader(
             IterSource(40), batch_size=4, num_workers=3, fetch_in_workers=True
         ).load_state_dict(state)
     with pytest.raises(ValueError, match="fetch_in_workers=True, this loader has"):
         AsyncLoader(IterSource(40), batch_size=4, num_workers=2).load_state_dict(state)
-    single = _stopped_after(AsyncLoader(IterSource(40), batch_size=4), 3)
+    single = state_after(AsyncLoader(IterSource(40), batch_size=4), 3)
     with pytest.raises(ValueError, match="fetch_in_workers=False, this loader has"):
         AsyncLoader(IterSource(40), batch_size=4, **IN_WORKERS).load_state_dict(single)
 

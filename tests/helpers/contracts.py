@@ -222,3 +222,14 @@ def check_resume(
         else:
             as_text = [json.dumps(b) for b in seen + rest]
             check_exactly_once([as_text], (json.dumps(b) for b in reference))
+
+
+def state_after(loader: Any, k: int) -> dict:
+    """``loader``'s ``state_dict()`` after ``k`` batches of its next epoch, through JSON (as
+    a checkpoint file would carry it); the epoch is closed."""
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    return state
