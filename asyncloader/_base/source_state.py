@@ -64,3 +64,17 @@ def open_iterator(dataset: Any, saved: dict[str, Any], is_async: bool) -> Any:
     if saved.get("iterator") is not None:
         iterator.load_state_dict(saved["iterator"])
     return iterator
+
+
+def counts_between(dataset: Any, before: Any, after: Any) -> dict[str, int]:
+    """Samples each part of ``dataset`` gave between two of its own states (as
+    :func:`source_state` reads them), where the dataset can say (``counts_at(state_dict)``,
+    as ``asyncloader.sources.Mix``: per-source counts at the position a state records);
+    ``{}`` otherwise."""
+    counts_at = getattr(dataset, "counts_at", None)
+    if not callable(counts_at) or not before or not after:
+        return {}
+    if before.get("dataset") is None or after.get("dataset") is None:
+        return {}
+    start, end = counts_at(before["dataset"]), counts_at(after["dataset"])
+    return {name: int(n) - int(start.get(name, 0)) for name, n in end.items()}

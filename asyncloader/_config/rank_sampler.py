@@ -5,7 +5,8 @@ Rule (the same on every rank, so ranks agree without talking): the epoch's ``ord
 ``DistributedSampler``'s), or ``range(n)`` unshuffled. It is cut into rows of ``world_size``;
 rank ``r`` takes the ``r``-th entry of every row. Tail ``"pad"`` first extends ``order`` to
 whole rows by repeating its head (every sample at least once); ``"drop"`` cuts it to whole
-rows (each sample at most once, fewer than ``world_size`` left out).
+rows (each sample at most once, fewer than ``world_size`` left out). The arithmetic is
+:mod:`asyncloader._base.ranks`'s, shared with ``asyncloader.sources.Mix``.
 
 Elastic resume: ranks step together, so an epoch interrupted after every rank of ``W`` took
 ``c`` samples has taken the first ``c`` rows. What it had still to give is ``order[c * W:]``
@@ -23,7 +24,13 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from asyncloader._base.ranks import resolve_ranks, share
+from asyncloader._base.ranks import (
+    remainder_len,
+    remainder_span,
+    resolve_ranks,
+    share,
+    split_span,
+)
 
 TAILS = ("pad", "drop")
 
@@ -36,25 +43,14 @@ def remainder(order: list[int], world_size: int, taken: int, tail: str) -> list[
     """What ``order`` still had to give after every rank of ``world_size`` took ``taken``."""
     if not 0 <= taken <= share(len(order), world_size, tail):
         raise ValueError(f"{taken=} is outside an epoch of {len(order)} at {world_size=}")
-    end = len(order) if tail == "pad" else share(len(order), world_size, tail) * world_size
-    return order[taken * world_size : end]
-
-
-def remainder_len(n: int, history: Sequence[SamplerCut]) -> int:
-    """``len()`` of an order of ``n`` cut by ``history`` (see :func:`remainder`)."""
-    for world_size, taken, tail in history:
-        end = n if tail == "pad" else share(n, world_size, tail) * world_size
-        n = max(end - taken * world_size, 0)
-    return n
+    start, end = remainder_span(len(order), world_size, taken, tail)
+    return order[start:end]
 
 
 def split(order: list[int], rank: int, world_size: int, tail: str) -> list[int]:
     """Rank ``rank``'s share of ``order``: the ``rank``-th entry of every row."""
-    rows = share(len(order), world_size, tail)
-    total = rows * world_size
-    if tail == "pad" and order:
-        order = (order * -(-total // len(order)))[:total]
-    return order[rank:total:world_size]
+    copies, entries = split_span(len(order), rank, world_size, tail)
+    return (order * copies if copies > 1 else order)[entries]
 
 
 class RankSampler(Sampler[int]):

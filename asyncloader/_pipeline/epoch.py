@@ -45,6 +45,7 @@ from asyncloader._base.kinds import SourceKind
 from asyncloader._base.reorder import ReorderBuffer
 from asyncloader._base.seeding import Seeds, call_seeded
 from asyncloader._base.skipping import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
+from asyncloader._base.source_state import counts_between
 from asyncloader._base.structure import nbytes
 from asyncloader._base.threads import loader_threads, loop_registered, run_in_thread
 from asyncloader._base.window import Window
@@ -336,7 +337,18 @@ class Epoch:
             num_workers=options.num_workers,
             prefetch=self.prefetch,
             batch_bytes=meter.batch_bytes,
+            sources=self._source_counts(),
         )
+
+    def _source_counts(self) -> dict[str, int]:
+        """Per part of an iterable source that can say (``counts_at``), the samples of the
+        batches received in order: its counts at the state before the first batch not
+        received, less those at the epoch's first (see ``Progress.checkpoint``)."""
+        first = self.start_info.source_state
+        if first is None or self._options.worker_streams:  # no state, or the merge state
+            return {}
+        now = self.progress.checkpoint()["source_state"]
+        return counts_between(self._options.dataset, first[1], now)
 
     async def aclose(self) -> None:
         """Cancels the stage tasks and waits until threads and processes are joined."""

@@ -128,6 +128,10 @@ def render(stats: LoaderStats, diagnosis: Diagnosis, epoch: int) -> str:
     )
     if stats.device_ms is not None:
         lines.append(f"  device    {_ms(stats.device_ms)} per batch, busy {stats.device_busy:.0%}")
+    if stats.sources:
+        total = sum(stats.sources.values()) or 1
+        parts = (f"{name} {n} ({n / total:.0%})" for name, n in stats.sources.items())
+        lines.append(f"  sources   {', '.join(parts)} of the samples received")
     if stats.retries or stats.skipped:
         lines.append(f"  retries {stats.retries}, skipped samples {stats.skipped}")
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -53,6 +53,9 @@ class LoaderStats:
         prefetch: Batches per worker in the engine's window now (``prefetch="auto"`` moves
             it within the epoch).
         batch_bytes: Bytes of the tensors and arrays of the epoch's first batch (0 before it).
+        sources: ``{name: samples}``: the samples handed to the consumer (the batches
+            received in order, since the epoch's start or the resume) per source, for a
+            dataset that can say (``counts_at``, as ``asyncloader.sources.Mix``); else empty.
     """
 
     window: int
@@ -84,7 +87,12 @@ class LoaderStats:
     num_workers: int = 0
     prefetch: int = 0
     batch_bytes: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        """The figures as a flat dict of numbers (``None`` left out), for a metrics logger."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """The figures as a flat dict of numbers (``None`` left out, ``sources`` as
+        ``"sources/<name>"``), for a metrics logger."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        for name, n in out.pop("sources").items():
+            out[f"sources/{name}"] = n
+        return out

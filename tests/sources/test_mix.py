@@ -30,7 +30,9 @@ from tests.helpers.contracts import (
     check_repeatable,
     check_resume,
     epoch,
+    ran_ahead,
 )
+from tests.helpers.waiting import wait_event
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,6 +154,11 @@ def loader(mix, **kw) -> AsyncLoader:
 
 def flat(batches) -> list:
     return [s for b in batches for s in b]
+
+
+def received(samples: list, names: str = "abst") -> dict[str, int]:
+    """Each source's samples among ``samples`` (read off the samples themselves)."""
+    return dict.fromkeys(names, 0) | Counter(map(source_of, samples))
 
 
 # -- arguments ----------------------------------------------------------------------------
@@ -358,6 +365,26 @@ def test_counts_and_stats_say_what_each_source_gave():
     assert stats["drawn"] == len(out) and sorted(stats["exhausted"]) == ["a", "b", "s"]
 
 
+@pytest.mark.parametrize("stop", ["all_exhausted", "never"])
+def test_counts_at_a_state_are_the_samples_before_it(shards, stop):
+    """counts_at(state) after any k samples: each source's among the first k, asked in
+    order, backwards, or of another Mix of the same setup; another seed's is refused."""
+    mix, out = mixed(stop, shards=shards), []
+    states = [mix.state_dict()]
+
+    async def take() -> None:
+        async for sample in mix:
+            out.append(sample)
+            states.append(json.loads(json.dumps(mix.state_dict())))
+
+    asyncio.run(take())
+    other = mixed(stop, shards=shards)
+    for k in [*range(len(states)), *reversed(range(len(states)))]:
+        assert mix.counts_at(states[k]) == received(out[:k]) == other.counts_at(states[k]), k
+    with pytest.raises(ValueError, match="seed"):
+        mixed(stop, shards=shards, seed=6).counts_at(states[3])
+
+
 # -- resume ---------------------------------------------------------------------------------
 
 
@@ -414,6 +441,45 @@ def test_the_loader_resumes_a_never_mix_across_epochs():
         resumed.load_state_dict(state)
         assert seen + epoch(resumed, list) == second and epoch(resumed, list) == third
     assert first != second
+
+
+def counted(run: AsyncLoader, it, got: list) -> list:
+    """``got`` and the rest of ``run``'s epoch (iterator ``it``); after each batch,
+    ``stats.sources`` are checked to be the samples received of each source."""
+    for batch in it:
+        got += batch
+        assert run.stats.sources == received(got)
+    return got
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("stop", ["all_exhausted", "never"])
+def test_loader_stats_count_each_sources_samples_received(shards, placement, stop):
+    """loader.stats.sources after every batch and at the epoch's end: the samples received
+    of each source, though the Mix has drawn ahead of them (a held consumer lets it); in a
+    resumed epoch, those received since the resume (as stats.samples)."""
+    make = lambda: loader(mixed(stop, stop == "never", shards), **placement)  # noqa: E731
+    run = make()
+    it = iter(run)
+    assert run.stats.sources == received([])
+    got = list(next(it))
+    wait_event(ran_ahead(run), "the Mix to draw ahead of a held consumer")
+    assert sum(run.dataset.counts.values()) > len(got) == sum(run.stats.sources.values())
+    got, stats = counted(run, it, got), run.stats
+    logged = {n[len("sources/") :]: v for n, v in stats.as_dict().items() if "/" in n}
+    assert stats.sources == logged == received(got)
+    assert f"a {received(got)['a']} (" in run.report()
+    again = flat(epoch(run, list))  # the next epoch counts its own
+    assert run.stats.sources == received(again) and run.previous_stats.sources == stats.sources
+    stopped = make()
+    it = iter(stopped)
+    seen = flat(next(it) for _ in range(3))
+    state = json.loads(json.dumps(stopped.state_dict()))
+    it.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = counted(resumed, iter(resumed), [])
+    assert seen + rest == got and resumed.stats.samples == len(rest)
 
 
 def test_fetch_in_workers_is_refused_naming_it():

@@ -25,7 +25,7 @@ from asyncloader.sources._mix.check import (
     refuse_copies,
 )
 from asyncloader.sources._mix.draw import Layout
-from asyncloader.sources._mix.epochs import advance, replay
+from asyncloader.sources._mix.epochs import Tally, advance, replay
 from asyncloader.sources._mix.pack import pack, unpack
 from asyncloader.sources._mix.run import Run
 from asyncloader.sources._mix.sources import Member, share_of
@@ -73,7 +73,8 @@ class Mix(IterableDataset):
     position and the draws made; a resume continues the mix exactly, also at another world
     size where the sources can move (map-style ones, ``ShardedSource``). Iterated in one
     place only: with ``fetch_in_workers=True`` each worker would iterate a copy, and
-    iterating one there raises ValueError.
+    iterating one there raises ValueError. :attr:`counts` are the samples drawn per source,
+    ahead of the consumer; ``loader.stats.sources`` those received (see :meth:`counts_at`).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Mix:
@@ -117,6 +118,7 @@ class Mix(IterableDataset):
         self._target: int | None = None
         self._live: Run | None = None  # the latest iteration
         self._begun = False  # the current epoch was iterated or loaded
+        self._tally = Tally(self._setup, self._members)  # for counts_at
         if rank is not None and world_size is not None:
             self.set_rank(rank, world_size)
 
@@ -230,8 +232,23 @@ class Mix(IterableDataset):
     def counts(self) -> dict[str, int]:
         """Samples drawn from each source in the current (or last) epoch by its latest
         iteration (with a loader, those it pulled: they run ahead of what you received by at
-        most its window; the state in ``loader.state_dict()`` holds the received ones)."""
+        most its window; ``loader.stats.sources`` has the received ones, see
+        :meth:`counts_at`)."""
         return self.stats["counts"]
+
+    def counts_at(self, state: Mapping[str, Any]) -> dict[str, int]:
+        """Samples each source gave in its Mix epoch before the position ``state`` (a
+        :meth:`state_dict`, of any iteration of this Mix) records, worked out on positions:
+        no data is read. States of one iteration asked in order cost the draws between them.
+
+        The loader's hook: with an iterable dataset that has ``counts_at``, ``loader.stats``
+        has ``sources``, the counts at the state of the first batch not received less those
+        at the epoch's (or resume's) start: exactly the samples of the batches received.
+
+        Raises:
+            ValueError: ``state`` is not one of this Mix's, or past its epoch's end.
+        """
+        return dict(zip(self._setup.names, self._tally.at(state), strict=True))
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ Source epoch ``k`` of source ``name`` is ``torch.randperm(n)`` seeded from (seed
 rows of ``world_size``, rank ``r`` takes the ``r``-th entry of each, the tail padded (head
 repeated) or dropped. A resume at another world size cuts it: what every rank of ``W`` had
 not taken, ``order[taken * W:]``, is split again (the arithmetic of
-``asyncloader._config.rank_sampler``, which sources may not import).
+:mod:`asyncloader._base.ranks`, the rule of ``asyncloader._config.rank_sampler``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncloader._base.ranks import share
+from asyncloader._base.ranks import remainder_len, remainder_span, share, split_span
 from asyncloader.sources._mix.draw import CHUNK, Layout, MemberCut
 
 
@@ -25,14 +25,6 @@ def stable_seed(*parts: object) -> int:
     """A 63-bit seed from ``parts``, the same in every process and Python version."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-def remainder_len(n: int, cuts: Sequence[MemberCut]) -> int:
-    """Samples left of an order of ``n`` after ``cuts`` (see the module rule)."""
-    for world_size, taken, tail in cuts:
-        end = n if tail == "pad" else share(n, world_size, tail) * world_size
-        n = max(end - taken * world_size, 0)
-    return n
 
 
 def share_len(n: int, cuts: Sequence[MemberCut], layout: Layout) -> int:
@@ -51,13 +43,10 @@ def rank_order(
     else:
         order = torch.arange(n)
     for world_size, taken, tail in cuts:
-        end = len(order) if tail == "pad" else share(len(order), world_size, tail) * world_size
-        order = order[taken * world_size : end]
-    rows = share(len(order), layout.world_size, layout.tail)
-    total = rows * layout.world_size
-    if layout.tail == "pad" and len(order):
-        order = order.repeat(-(-total // len(order)))[:total]
-    return order[layout.rank : total : layout.world_size]
+        start, end = remainder_span(len(order), world_size, taken, tail)
+        order = order[start:end]
+    copies, entries = split_span(len(order), *layout)
+    return (order.repeat(copies) if copies > 1 else order)[entries]
 
 
 class Order:

@@ -82,7 +82,7 @@ def unpack(
         ValueError: ``state`` is not one this Mix can continue (naming the field or the
             setting that differs).
     """
-    base, drawn = _checked_packed(setup, state)
+    base, drawn = checked_packed(setup, state)
     out = replay(base, drawn) if drawn > base["drawn"] else base
     _put_own(out["sources"], state.get("own", {}))
     if top(out, "start") is not None:
@@ -90,7 +90,7 @@ def unpack(
     return out
 
 
-def _checked_packed(setup: Setup, state: Any) -> tuple[dict[str, Any], int]:
+def checked_packed(setup: Setup, state: Any) -> tuple[dict[str, Any], int]:
     """A packed state's base place (checked) and draws.
 
     Raises:
