@@ -4,7 +4,8 @@
 ``formats=`` widens that), it decodes each one, takes a random resized crop (torchvision's
 ``RandomResizedCrop`` rule), flips it at random and writes it straight into its slot of one
 batch tensor, normalised ``float32`` or raw ``uint8``. In a worker that tensor is allocated in
-shared memory, so the batch leaves the worker without another copy. Used as::
+shared memory, so the batch leaves the worker without another copy, in a segment the worker
+reuses once the training process has let go of it (:mod:`asyncloader._worker.buffers`). Used as::
 
     loader = AsyncLoader(
         ShardedSource(shard_urls),  # or ObjectStoreSource / HTTPSource over one image each
@@ -41,8 +42,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from asyncloader._base.compat import empty_shared
 from asyncloader._worker.allocator import empty_huge
+from asyncloader._worker.buffers import batch_tensor
 from asyncloader._worker.startup import shares_batches
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -276,7 +277,7 @@ class ImageBatch:
         height, width = self.size
         shape = (n, 3, height, width)
         dtype = _OUTPUTS[self.output]
-        images = empty_shared(shape, dtype) if shares_batches() else empty_huge(shape, dtype)
+        images = batch_tensor(shape, dtype) if shares_batches() else empty_huge(shape, dtype)
         slots = images.numpy()
         labels: list[int] = []
         for i, sample in enumerate(samples):

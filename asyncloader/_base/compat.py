@@ -51,6 +51,24 @@ def empty_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
+def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """An uninitialised ``UntypedStorage`` of ``nbytes`` in shared memory from the start
+    (``UntypedStorage._new_shared``); ``UntypedStorage(nbytes).share_memory_()`` where missing."""
+    try:
+        return torch.UntypedStorage._new_shared(nbytes)
+    except AttributeError:
+        return torch.UntypedStorage(nbytes).share_memory_()
+
+
+def storage_users(storage: torch.UntypedStorage) -> int | None:
+    """How many tensors and storage objects hold ``storage`` (its C++ use count, ``storage``
+    itself included), or ``None`` where torch cannot say (``_storage_Use_Count``)."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return None
+    return int(count(storage._cdata))
+
+
 def pool_processes(executor: ProcessPoolExecutor) -> dict[int, Any]:
     """pid -> ``multiprocessing.Process`` of the executor's live workers (``_processes``).
 

@@ -521,6 +521,7 @@ class Epoch:
             engine, options.engine_window_for(self.prefetch), seeds, self._inflight, inline,
             self.meter,
         )  # fmt: skip
+        stack.callback(self._transformer.close)
         return self._transformer
 
     def _batches(

@@ -31,6 +31,7 @@ from asyncloader._base.threads import run_in_thread
 from asyncloader._base.window import Window
 from asyncloader._engines.engine import Engine
 from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._worker.buffers import Pooled, Returns
 from asyncloader._worker.plan import BatchPlan, run_batch
 from asyncloader._worker.transport import from_shared
 from asyncloader.errors import WorkerCrashedError
@@ -87,7 +88,7 @@ class Transformer:
         meter: Told each batch's round trip and the batches in the engine.
     """
 
-    __slots__ = ("_inflight", "_inline", "_meter", "_room", "_seeds", "engine")
+    __slots__ = ("_inflight", "_inline", "_meter", "_returns", "_room", "_seeds", "engine")
 
     def __init__(
         self,
@@ -104,6 +105,7 @@ class Transformer:
         self._seeds = seeds
         self._inflight = inflight
         self._inline = inline
+        self._returns = Returns()
 
     def resize(self, window: int) -> None:
         """Batches at most in the engine from now on (a smaller room is reached as batches
@@ -131,13 +133,22 @@ class Transformer:
                 if meter is not None:
                     meter.engine.add(now() - began)
 
-    @staticmethod
-    def received(result: Any) -> Any:
+    def received(self, result: Any) -> Any:
         """A batch as the engine returned it, unpacked in this process."""
         if type(result) is Trimmed:  # on_error="skip" left samples out
-            result.batch = from_shared(result.batch)
+            result.batch = self._unpacked(result.batch)
             return result
+        return self._unpacked(result)
+
+    def _unpacked(self, result: Any) -> Any:
+        if type(result) is Pooled:  # in a worker's reused segments
+            result = self._returns.received(result)
         return from_shared(result)
+
+    def close(self) -> None:
+        """The epoch is over: its workers' reused segments are let go (see
+        :class:`~asyncloader._worker.buffers.Returns`)."""
+        self._returns.close()
 
     async def crashed(self, exc: BaseException) -> WorkerCrashedError:
         """The error for a worker that died: which, how, and the batches it held."""

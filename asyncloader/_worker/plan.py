@@ -18,6 +18,7 @@ from asyncloader._base.failure import Failure
 from asyncloader._base.seeding import Seeds, call_seeded
 from asyncloader._base.skipping import Skip, Trimmed
 from asyncloader._base.worker_info import get_worker_info
+from asyncloader._worker.buffers import settle
 from asyncloader._worker.getitems import getitems, getitems_skipping
 from asyncloader._worker.startup import init_failure, mark_running, shares_batches, worker_plan
 from asyncloader._worker.transport import by_value, to_shared
@@ -40,6 +41,8 @@ class BatchPlan:
             batch (see :func:`run_skipping`).
         getitems: The dataset's ``__getitems__`` fetches each batch in one call
             (:mod:`asyncloader._worker.getitems`).
+        buffers: Shared-memory batch segments each worker process may keep for reuse
+            (:mod:`asyncloader._worker.buffers`; 0: none).
     """
 
     dataset: Any
@@ -48,6 +51,7 @@ class BatchPlan:
     batched: bool
     skip: bool = False
     getitems: bool = False
+    buffers: int = 0
 
     @classmethod
     def of(cls, options: Options) -> BatchPlan:
@@ -59,6 +63,7 @@ class BatchPlan:
             batched=options.batched,
             skip=options.on_error == "skip",
             getitems=options.batch_fetch,
+            buffers=options.prefetch_bound + 2 if options.num_workers else 0,
         )
 
     def sent(self, worker_init_fn: Any) -> dict[str, Any]:
@@ -73,10 +78,11 @@ class BatchPlan:
 
 def leave_worker(batch: Any) -> Any:
     """``batch`` ready to leave this process: through shared memory from a worker of this
-    machine's pool; by value from a Ray actor (numpy arrays travel out of band there, where
-    a tensor is pickled whole by ``torch.save``); as it is anywhere else."""
+    machine's pool (naming the reused segments it holds: :mod:`asyncloader._worker.buffers`);
+    by value from a Ray actor (numpy arrays travel out of band there, where a tensor is
+    pickled whole by ``torch.save``); as it is anywhere else."""
     if shares_batches():
-        return to_shared(batch)
+        return settle(to_shared(batch))
     if get_worker_info() is not None:
         return by_value(batch)
     return batch

@@ -20,6 +20,7 @@ from asyncloader._base.failure import Failure
 from asyncloader._base.seeding import leave_seeding_to_user, rng_states, seed_all
 from asyncloader._base.worker_info import WorkerInfo, get_worker_info, set_worker_info
 from asyncloader._worker.allocator import keep_freed_memory
+from asyncloader._worker.buffers import set_pool_slots
 from asyncloader._worker.orphans import watch_parent
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ def setup_worker(
     keep_freed_memory()
     seed_all(seed)
     _plan = plan
+    set_pool_slots(plan.buffers if share_batches else 0)
     set_worker_info(WorkerInfo(worker_id, num_workers, seed, plan.dataset))
     set_torch_worker_info(worker_id, num_workers, seed, plan.dataset)
     if worker_init_fn is not None:

@@ -1,0 +1,143 @@
+"""Reused shared-memory batch segments: CPU per image of ``ImageBatch`` in 2 workers, with the
+workers' segment pools and without, against ``ImageBatch`` alone.
+
+The data: ``--images`` JPEGs (``examples/image_data.make_images``: 1,536 distinct ones,
+repeated), in memory as ``(jpeg, label)`` pairs, so that nothing but decoding and the batch's
+way out of the worker costs CPU. Cases, each a fresh process, alternating, ``--reps`` rounds:
+
+- ``alone``: ``ImageBatch(224)`` on lists of 64 in one process, one torch thread: the floor;
+- ``fresh``: ``AsyncLoader(pairs, batch_size=64, num_workers=2, collate_fn=ImageBatch(224))``
+  with the pools turned off (each batch a fresh 38 MB segment, as before them);
+- ``reused``: the same with the pools (the default).
+
+Reported per case: the median CPU ms per image of the whole process tree (``getrusage`` of
+the process and its reaped children, worker start included), images/s, and minor page faults
+per image; and reused/alone, fresh/alone.
+
+``python -m benchmarks.probes.batch_buffers [--reps 5] [--images 6144]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pickle
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.side_by_side import in_fresh_process
+
+CASES = ("alone", "fresh", "reused")
+BATCH = 64
+DISTINCT = 1536
+CACHE = Path(".cache/batch_buffers_images.pkl")
+
+
+def _usage() -> tuple[float, int]:
+    """CPU seconds and minor faults of this process and its reaped children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return cpu, own.ru_minflt + kids.ru_minflt
+
+
+def _pairs(n: int) -> list[tuple[bytes, int]]:
+    if not CACHE.exists():
+        sys.path.insert(0, "examples")
+        from image_data import make_images
+
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        CACHE.write_bytes(pickle.dumps(make_images(DISTINCT)))
+    images = pickle.loads(CACHE.read_bytes())
+    pairs = [(jpeg, label) for _, jpeg, label in images]
+    return (pairs * (n // len(pairs) + 1))[:n]
+
+
+def _without_pools() -> None:
+    """Workers started from now on keep no segments (as before the pools)."""
+    from asyncloader._worker import plan
+
+    made = plan.BatchPlan.of.__func__  # type: ignore[attr-defined]
+    plan.BatchPlan.of = classmethod(  # type: ignore[method-assign]
+        lambda cls, options: dataclasses.replace(made(cls, options), buffers=0)
+    )
+
+
+def one(case: str, n: int) -> dict[str, Any]:
+    """One run of ``case`` in this process."""
+    import torch
+
+    from asyncloader import AsyncLoader
+    from asyncloader.images import ImageBatch
+
+    pairs, collate = _pairs(n), ImageBatch(224)
+    cpu0, faults0 = _usage()
+    began = time.perf_counter()
+    if case == "alone":
+        torch.set_num_threads(1)
+        for i in range(0, n, BATCH):
+            collate(pairs[i : i + BATCH])
+    else:
+        if case == "fresh":
+            _without_pools()
+        loader = AsyncLoader(pairs, batch_size=BATCH, num_workers=2, collate_fn=collate)
+        seen = sum(len(labels) for _, labels in loader)
+        loader.close()
+        if seen != n:
+            raise RuntimeError(f"{case}: {seen} images delivered, {n} expected")
+    cpu, faults = _usage()
+    return {
+        "cpu_ms": (cpu - cpu0) / n * 1e3,
+        "images_per_s": n / (time.perf_counter() - began),
+        "faults": (faults - faults0) / n,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--images", type=int, default=6144)
+    parser.add_argument("--one", choices=CASES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.images)))
+        return
+    runs: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
+    for rep in range(args.reps):
+        for case in CASES if rep % 2 == 0 else CASES[::-1]:
+            runs[case].append(
+                in_fresh_process(
+                    "benchmarks.probes.batch_buffers", "--one", case, "--images", args.images
+                )
+            )
+    medians = {
+        case: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+        for case, rs in runs.items()
+    }
+    print(
+        f"ImageBatch(224), {args.images} in-memory JPEGs, batch {BATCH}; medians of "
+        f"{args.reps} fresh processes each, alternating"
+    )
+    print(
+        f"  {'case':8s} {'CPU ms/image':>12s} {'images/s':>9s} {'faults/image':>12s} "
+        f"{'vs alone':>9s}"
+    )
+    alone = medians["alone"]["cpu_ms"]
+    for case, m in medians.items():
+        print(
+            f"  {case:8s} {m['cpu_ms']:12.3f} {m['images_per_s']:9.0f} {m['faults']:12.1f} "
+            f"{m['cpu_ms'] / alone - 1:+8.0%}"
+        )
+    print(
+        "  per-run CPU ms/image:",
+        {c: [round(r["cpu_ms"], 2) for r in rs] for c, rs in runs.items()},
+    )
+
+
+if __name__ == "__main__":
+    main()
