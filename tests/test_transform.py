@@ -1,4 +1,5 @@
-"""Transformer: the executor window, and small default-collated batches collated on the loop."""
+"""Transformer: the executor window, and small default-collated batches collated on the loop
+(the collate functions themselves: tests/test_collate.py)."""
 
 import asyncio
 import threading
@@ -9,49 +10,6 @@ import torch
 from torch.utils.data import default_collate
 
 from asyncloader import AsyncLoader
-from asyncloader._pipeline.transform import collate_small
-
-
-@pytest.mark.parametrize(
-    "samples",
-    [
-        [np.arange(6, dtype=np.uint8).reshape(2, 3) + i for i in range(4)],
-        [np.full(5, i, dtype=np.float32) for i in range(3)],
-        [np.array([True, False]), np.array([False, False])],
-        [np.arange(3, dtype=np.int64)],
-    ],
-)
-def test_collate_small_equals_default_collate_on_numeric_arrays(samples):
-    """The numpy fast path gives default_collate's values, dtype and shape."""
-    fast, slow = collate_small(samples), default_collate(samples)
-    assert fast.dtype == slow.dtype and fast.shape == slow.shape
-    assert torch.equal(fast, slow)
-
-
-@pytest.mark.parametrize(
-    "samples",
-    [
-        [{"x": np.zeros(2)}, {"x": np.ones(2)}],  # not arrays: default_collate's walk
-        [np.zeros(2, dtype=np.uint8), np.zeros(2, dtype=np.int16)],  # mixed dtypes
-        [1, 2, 3],
-    ],
-)
-def test_collate_small_defers_everything_else_to_default_collate(samples):
-    """Anything but same-shape numeric native arrays gets exactly default_collate's result."""
-    fast, slow = collate_small(samples), default_collate(samples)
-    assert type(fast) is type(slow)
-    if isinstance(slow, dict):
-        assert torch.equal(fast["x"], slow["x"])
-    else:
-        assert torch.equal(torch.as_tensor(fast), torch.as_tensor(slow))
-
-
-def test_collate_small_keeps_default_collates_errors():
-    """Ragged or non-native samples raise default_collate's own errors, not numpy's."""
-    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
-        collate_small([np.zeros(2), np.zeros(3)])
-    with pytest.raises(ValueError, match="byte order different from the native"):
-        collate_small([np.zeros(2, dtype=">i4"), np.zeros(2, dtype=">i4")])
 
 
 class RecordingSource:

@@ -10,6 +10,7 @@ these libraries' underscored names.
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import multiprocessing.util
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing  # registers torch's shared-memory tensor pickling
+from torch.utils.data._utils import collate as _torch_collate  # private: torch 2.2-2.13
 from torch.utils.data._utils import worker as _torch_worker  # private: torch 2.2-2.13
 
 
@@ -67,6 +69,17 @@ def storage_users(storage: torch.UntypedStorage) -> int | None:
     if count is None:
         return None
     return int(count(storage._cdata))
+
+
+def collate_with(batch: Any, overrides: dict[type, Callable[..., Any]]) -> Any:
+    """``default_collate(batch)`` with ``overrides`` in place of some of its per-type functions
+    (torch's ``collate(batch, collate_fn_map=...)``); each override is called as torch calls
+    its own, and receives the original under ``default`` where there is one."""
+    table = dict(_torch_collate.default_collate_fn_map)
+    for kind, fn in overrides.items():
+        original = table.get(kind)
+        table[kind] = functools.partial(fn, default=original) if original else fn
+    return _torch_collate.collate(batch, collate_fn_map=table)
 
 
 def pool_processes(executor: ProcessPoolExecutor) -> dict[int, Any]:

@@ -25,7 +25,15 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from asyncloader._engines.requests import Requests
-from asyncloader._worker.protocol import STOP, Keyed, NextOfStream, Request, RunBatch, batch_of
+from asyncloader._worker.protocol import (
+    STOP,
+    Keyed,
+    NextOfStream,
+    Request,
+    RunBatch,
+    batch_of,
+    read_answer,
+)
 
 _tokens = itertools.count()
 _keys = itertools.count()
@@ -178,12 +186,11 @@ class Channels(Requests):
     def _take(self, i: int, conn: Any) -> bool:
         """Receives one answer from worker ``i``; ``False`` when its connection is closed.
 
-        An answer is a header naming its request, then the pickled result: a result that
-        cannot be rebuilt here (its shared memory gone, say) fails its own request only.
+        An answer is its request's key, then the pickled result: a result that cannot be
+        rebuilt here (its shared memory gone, say) fails its own request only.
         """
         try:
-            key = conn.recv().key
-            payload = conn.recv_bytes()
+            key, payload = read_answer(conn.recv_bytes())
         except (EOFError, OSError):
             return False
         try:

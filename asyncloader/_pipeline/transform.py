@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import default_collate, default_convert
 
 from asyncloader._base.seeding import Seeds
@@ -32,6 +30,7 @@ from asyncloader._base.window import Window
 from asyncloader._engines.engine import Engine
 from asyncloader._tuning.meter import EpochMeter, now
 from asyncloader._worker.buffers import Pooled, Returns
+from asyncloader._worker.collate import collate_small
 from asyncloader._worker.plan import BatchPlan, run_batch
 from asyncloader._worker.transport import from_shared
 from asyncloader.errors import WorkerCrashedError
@@ -40,22 +39,6 @@ from asyncloader.errors import WorkerCrashedError
 #: copy of at most this much takes microseconds, less than the thread hops it saves, and is
 #: too small to be worth torch's intra-op thread pool.
 INLINE_COLLATE_BYTES = 64 * 1024
-
-
-def collate_small(samples: list[Any]) -> Any:
-    """torch's ``default_collate``, with a fast path for the commonest small batch.
-
-    Numeric numpy arrays of one shape and dtype are stacked by ``np.stack`` and wrapped with
-    ``torch.from_numpy``: the same values, dtype and shape as ``default_collate`` gives, without
-    a ``torch.as_tensor`` per sample (which costs more than the copy for small samples).
-    Anything else goes to ``default_collate`` unchanged, errors included.
-    """
-    first = samples[0]
-    if type(first) is np.ndarray and first.dtype.kind in "biufc" and first.dtype.isnative:
-        shape, dtype = first.shape, first.dtype
-        if all(type(s) is np.ndarray and s.shape == shape and s.dtype == dtype for s in samples):
-            return torch.from_numpy(np.stack(samples))
-    return default_collate(samples)
 
 
 def inline_plan(plan: BatchPlan, seeds: Seeds) -> BatchPlan | None:

@@ -19,6 +19,7 @@ from asyncloader._base.seeding import Seeds, call_seeded
 from asyncloader._base.skipping import Skip, Trimmed
 from asyncloader._base.worker_info import get_worker_info
 from asyncloader._worker.buffers import settle
+from asyncloader._worker.collate import worker_collate
 from asyncloader._worker.getitems import getitems, getitems_skipping
 from asyncloader._worker.startup import init_failure, mark_running, shares_batches, worker_plan
 from asyncloader._worker.transport import by_value, to_shared
@@ -140,9 +141,8 @@ def run_batch(
                 index = indices[pos]
                 samples[pos] = call_seeded(epoch_seed, index, transform, samples[pos])
         stage, index = "collate", None
-        batch = call_seeded(
-            epoch_seed, -1 - seq, plan.collate, samples if plan.batched else samples[0]
-        )
+        collate = worker_collate(plan.collate)
+        batch = call_seeded(epoch_seed, -1 - seq, collate, samples if plan.batched else samples[0])
         stage = "share"
         return leave_worker(batch)
     except Exception as exc:
@@ -198,7 +198,7 @@ def run_skipping(
     try:
         values = [sample for _, sample in kept]
         collated = values if plan.batched else values[0]
-        batch = call_seeded(epoch_seed, -1 - seq, plan.collate, collated)
+        batch = call_seeded(epoch_seed, -1 - seq, worker_collate(plan.collate), collated)
         stage = "share"
         batch = leave_worker(batch)
     except Exception as exc:

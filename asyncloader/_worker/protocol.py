@@ -5,15 +5,18 @@ it answers at the iteration's end.
 
 Over a pipe or a socket (:func:`asyncloader._worker.loop.serve_on`), the worker first sends
 :class:`Ready`; the training process sends :class:`Keyed` requests and finally :data:`STOP`;
-the worker answers each request with :class:`Done`, then the pickled result as bytes. A Ray
-actor takes ``(number, request)`` pairs in its calls instead.
+the worker answers each request with one message of bytes: the request's key
+(:func:`answer_bytes`), then the pickled result. A Ray actor takes ``(number, request)``
+pairs in its calls instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import io
 from collections.abc import Sequence
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from asyncloader._base.kinds import SourceKind
@@ -108,7 +111,7 @@ Request = RunBatch | OpenStream | NextOfStream
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Keyed:
-    """A request over a pipe or socket, with the key its :class:`Done` answer names."""
+    """A request over a pipe or socket, with the key its answer names."""
 
     key: int
     request: Request
@@ -129,11 +132,25 @@ class Ready:
     init_failure: Any
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Done:
-    """The answer to the request of ``key`` follows, as pickled bytes."""
+#: The bytes of an answer's key, ahead of its pickled result.
+KEY_BYTES = 8
 
-    key: int
+
+def answer_bytes(key: int, result: Any) -> memoryview:
+    """The answer to the request of ``key``: the key, then ``result`` pickled (by
+    ``ForkingPickler``: shared-memory tensors as handles), in one buffer. A result that
+    does not pickle raises here, before anything is sent."""
+    out = io.BytesIO()
+    out.write(key.to_bytes(KEY_BYTES, "little"))
+    ForkingPickler(out).dump(result)
+    return out.getbuffer()
+
+
+def read_answer(data: bytes) -> tuple[int, memoryview]:
+    """``(key, the pickled result)`` of an answer; unpickling is the receiver's, so that a
+    result it cannot rebuild fails its own request only."""
+    view = memoryview(data)
+    return int.from_bytes(view[:KEY_BYTES], "little"), view[KEY_BYTES:]
 
 
 def batch_of(request: Request) -> int | None:
