@@ -41,3 +41,34 @@ def test_an_epoch_leaves_the_consumer_threads_torch_thread_count_alone():
     if default == 1:
         pytest.skip("torch uses one thread by default here: nothing to tell apart")
     assert run(AFTER_AN_EPOCH) == default
+
+
+def test_no_finalizer_waits_while_the_loop_registry_is_locked(monkeypatch):
+    """A garbage collection can start at any allocation, also at one made while a thread
+    holds the lock of the loops' registry (registering a loop, parking loops for a fork).
+    A loader's finalizer run there must not wait for its loop thread, which takes that lock
+    as it ends: unsafe_to_wait() says so, there and nowhere else."""
+    import asyncio
+
+    from asyncloader._base import threads
+
+    seen = []
+
+    class Probe(dict):
+        def __setitem__(self, key, value):
+            seen.append(threads.unsafe_to_wait())  # where a collection could run a finalizer
+            super().__setitem__(key, value)
+
+        def pop(self, key, default=None):
+            seen.append(threads.unsafe_to_wait())
+            return super().pop(key, default)
+
+    monkeypatch.setattr(threads, "_loops", Probe())
+    loop = asyncio.new_event_loop()
+    try:
+        with threads.loop_registered(loop):
+            pass
+    finally:
+        loop.close()
+    assert seen == [True, True]
+    assert not threads.unsafe_to_wait()

@@ -42,8 +42,11 @@ def unsafe_to_wait() -> bool:
     would wait for a loop that waits for the fork), or it runs inside a garbage collection
     that may have started at an allocation under the lock every thread pool's submit takes
     (``ThreadPoolExecutor.submit`` allocates its Future there), where waiting for a thread
-    that submits would deadlock. An explicit ``gc.collect()`` (the lock free) may wait."""
-    if _parked:
+    that submits would deadlock. An explicit ``gc.collect()`` (the lock free) may wait. Nor
+    while this thread holds the lock of the loops' registry (:func:`_registry`): a collection
+    that starts at an allocation there would wait for a loop thread that, ending, waits for
+    that lock."""
+    if _parked or getattr(_gc_state, "holding", False):
         return True
     return getattr(_gc_state, "active", False) and thread_pools_locked()
 
@@ -53,6 +56,17 @@ def unsafe_to_wait() -> bool:
 _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
 _loops_lock = threading.Lock()
 _parked = 0  # loops_parked() blocks under way
+
+
+@contextlib.contextmanager
+def _registry() -> Iterator[None]:
+    """``_loops_lock`` held, known to this thread's :func:`unsafe_to_wait`."""
+    with _loops_lock:
+        _gc_state.holding = True
+        try:
+            yield
+        finally:
+            _gc_state.holding = False
 #: How long :func:`loops_parked` waits for a loop to reach its park (a loop never blocks
 #: this long unless a callback of someone else's does).
 PARK_S = 5.0
@@ -61,12 +75,12 @@ PARK_S = 5.0
 @contextlib.contextmanager
 def loop_registered(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
     """Within: ``loop`` runs asyncloader code, and :func:`loops_parked` parks it."""
-    with _loops_lock:
+    with _registry():
         _loops[loop] = _loops.get(loop, 0) + 1
     try:
         yield
     finally:
-        with _loops_lock:
+        with _registry():
             left = _loops.get(loop, 1) - 1
             if left:
                 _loops[loop] = left
@@ -95,7 +109,7 @@ def loops_parked(timeout: float = PARK_S) -> Iterator[None]:
         own = asyncio.get_running_loop()
     except RuntimeError:
         own = None
-    with _loops_lock:
+    with _registry():
         loops = [loop for loop in _loops if loop is not own and loop.is_running()]
         _parked += 1
     resume = threading.Event()
@@ -112,7 +126,7 @@ def loops_parked(timeout: float = PARK_S) -> Iterator[None]:
         yield
     finally:
         resume.set()
-        with _loops_lock:
+        with _registry():
             _parked -= 1
 
 

@@ -146,8 +146,9 @@ class Channels(Requests):
     def _receive(self) -> None:
         """Runs until every worker's connection closed and every sentinel fired.
 
-        One selector for the thread's life (``multiprocessing.connection.wait`` builds one per
-        call), and a ready connection is drained before waiting again.
+        One selector for the thread's life (``multiprocessing.connection.wait``, and so a
+        connection's ``poll()``, builds one per call): one answer is taken per readiness, and
+        a dead worker's connection is drained of what it sent before it died.
         """
         with selectors.DefaultSelector() as selector:
             sentinels = {}
@@ -161,7 +162,7 @@ class Channels(Requests):
                 for key, _ in selector.select():
                     i, conn = key.data
                     if conn is not None:
-                        if i in listening and not self._drain(i, conn):
+                        if i in listening and not self._take(i, conn):
                             selector.unregister(conn)
                             listening.discard(i)
                             if sentinels[i] is None:

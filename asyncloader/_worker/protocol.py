@@ -17,13 +17,29 @@ import enum
 import io
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncloader._base.kinds import SourceKind
 from asyncloader._worker.plan import BatchPlan
 
+_T = TypeVar("_T")
 
-@dataclasses.dataclass(frozen=True, slots=True)
+
+def _message(cls: type[_T]) -> type[_T]:
+    """A frozen, slotted dataclass that pickles as its class and its fields' values: one or
+    more go over a pipe with every batch, and a slotted dataclass's own ``__getstate__``
+    looks its fields up anew each time."""
+    made = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    names = tuple(field.name for field in dataclasses.fields(made))
+
+    def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
+        return made, tuple(getattr(self, name) for name in names)
+
+    made.__reduce__ = __reduce__  # type: ignore[method-assign,assignment]
+    return made
+
+
+@_message
 class Ended:
     """What :meth:`WorkerCore.next_stream` answers once the worker's iteration has ended,
     with the source's own state then (``None`` when it keeps none): a dataset that counts
@@ -40,7 +56,7 @@ LOST = "lost"
 SUPERSEDED = "superseded"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class WorkerConfig:
     """What every worker of a loader needs besides its plan (from the loader's options)."""
 
@@ -53,7 +69,7 @@ class WorkerConfig:
     io_budget: int | None = None  # io_concurrency="auto": this worker's memory_budget share
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class WorkerSpec:
     """Everything one fetching worker is started with (sent once, at its start)."""
 
@@ -79,7 +95,7 @@ class StreamOpen:
     resumed: bool = False
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class RunBatch:
     """Make batch ``seq`` of ``indices``: fetch its samples (``samples`` is None) or take
     those fetched already, then transform and collate (``WorkerCore.batch``)."""
@@ -90,14 +106,14 @@ class RunBatch:
     seeds: Any  # asyncloader._base.seeding.Seeds, or None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class OpenStream:
     """Open the worker's own iteration of an iterable source (``WorkerCore.open_stream``)."""
 
     opening: StreamOpen
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class NextOfStream:
     """Batch ``number`` of the iteration ``opening`` started (``WorkerCore.next_stream``)."""
 
@@ -109,7 +125,7 @@ class NextOfStream:
 Request = RunBatch | OpenStream | NextOfStream
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class Keyed:
     """A request over a pipe or socket, with the key its answer names."""
 
@@ -125,7 +141,7 @@ class Signal(enum.Enum):
 STOP = Signal.STOP
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class Ready:
     """A worker's first message: its start-up failure (``init_failure()``), or None."""
 
