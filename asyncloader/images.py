@@ -19,12 +19,15 @@ With ``output="uint8"`` the batch is four times smaller and the normalisation mo
 device stage: ``AsyncLoader(..., device="cuda", device_transform=Normalize())``, where it is one
 fused kernel on the GPU.
 
-Where the time goes per image, and what this does about it (Pillow, torch's CPU kernels, one
-thread): decoding is kept as it is (Pillow's libjpeg-turbo); the crop is a view of the decoded
-pixels, resized by torch's antialiased bilinear ``uint8`` kernel (the one torchvision's v2
-transforms use: about 3x faster than Pillow's ``resize`` here, equal to it within rounding);
-flip, ``uint8 -> float``, ``/255``, ``- mean``, ``/ std`` and ``HWC -> CHW`` are two numpy passes
-that write into the batch tensor.
+Where the time goes per image, and what this does about it (one thread): the crop box is drawn
+from the header's size, then a JPEG is decoded only where the crop is (libjpeg-turbo's
+cropped decompression, the ``turbojpeg`` wheel of the ``images`` extra: rows below the box are
+never read, rows above it and columns outside it are entropy-decoded only), with the pixels a
+full decode would give; without that wheel, or for what it cannot decode, Pillow decodes the
+whole image. The crop is resized by torch's antialiased bilinear ``uint8`` kernel (the one
+torchvision's v2 transforms use: about 3x faster than Pillow's ``resize`` here, equal to it
+within rounding); flip, ``uint8 -> float``, ``/255``, ``- mean``, ``/ std`` and ``HWC -> CHW``
+are two numpy passes that write into the batch tensor.
 
 Randomness comes from Python's ``random`` module, which the loader seeds per batch, so crops and
 flips repeat with the same seed whatever the number of workers.
@@ -42,6 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from asyncloader._images import turbo
 from asyncloader._worker.allocator import empty_huge
 from asyncloader._worker.buffers import batch_tensor
 from asyncloader._worker.startup import shares_batches
@@ -56,6 +60,7 @@ DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP")
 DEFAULT_MAX_PIXELS = 8192 * 8192
 
 _OUTPUTS = {"float32": torch.float32, "uint8": torch.uint8}
+_DECODERS = ("auto", "pillow")
 _DRAFT_SCALES = (8, 4, 2)  # the reductions libjpeg decodes at directly
 
 
@@ -82,7 +87,9 @@ def _size(size: Any) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def _check_choices(crop: str, output: str, flip: float, center_fraction: float) -> None:
+def _check_choices(
+    crop: str, output: str, flip: float, center_fraction: float, decoder: str
+) -> None:
     if crop not in ("random", "center"):
         raise ValueError(f"crop must be 'random' or 'center', got {crop!r}")
     if output not in _OUTPUTS:
@@ -91,6 +98,8 @@ def _check_choices(crop: str, output: str, flip: float, center_fraction: float) 
         raise ValueError(f"flip must be a probability in [0, 1], got {flip!r}")
     if not 0.0 < float(center_fraction) <= 1.0:
         raise ValueError(f"center_fraction must be in (0, 1], got {center_fraction!r}")
+    if decoder not in _DECODERS:
+        raise ValueError(f"decoder must be 'auto' or 'pillow', got {decoder!r}")
 
 
 def _formats(value: Any) -> tuple[str, ...]:
@@ -205,6 +214,12 @@ class ImageBatch:
             and resizing (mean difference under 1 of 255 on the tests' photos). A crop smaller
             than twice ``size`` each way is decoded in full, unchanged: so images not much
             larger than ``size`` (ImageNet's ~400 x 350 at 224) are never reduced.
+        decoder: ``"auto"``: a JPEG is decoded only where its crop is (the rows and iMCU
+            columns that cover the box; libjpeg-turbo's cropped decompression, from the
+            optional ``turbojpeg`` wheel of the ``images`` extra), with the same pixels as a
+            full decode; without that wheel, and for other formats, CMYK or non-8-bit JPEGs
+            and crops ``draft`` reduces, Pillow decodes the whole image. ``"pillow"``: Pillow
+            always.
         image_key, label_key: The fields of a dict sample (a ``ShardedSource`` sample is
             ``{"__key__", "jpg": bytes, "cls": b"3"}``); ``image_key`` may be a tuple of
             alternatives (``("jpg", "jpeg", "png")``).
@@ -237,13 +252,14 @@ class ImageBatch:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         draft: bool = False,
+        decoder: str = "auto",
         image_key: str | tuple[str, ...] = ("jpg", "jpeg", "png", "webp"),
         label_key: str | None = "cls",
         formats: Sequence[str] = DEFAULT_FORMATS,
         max_pixels: int = DEFAULT_MAX_PIXELS,
     ) -> None:
         self.size = _size(size)
-        _check_choices(crop, output, flip, center_fraction)
+        _check_choices(crop, output, flip, center_fraction, decoder)
         std_array = _channels("std", std)
         if (std_array <= 0).any():
             raise ValueError(f"std must be positive, got {std!r}")
@@ -256,6 +272,7 @@ class ImageBatch:
         self.mean = tuple(float(m) for m in _channels("mean", mean))
         self.std = tuple(float(s) for s in std_array)
         self.draft = bool(draft)
+        self.decoder = decoder
         self.image_keys = (image_key,) if isinstance(image_key, str) else tuple(image_key)
         self.label_key = label_key
         self.formats = _formats(formats)
@@ -267,7 +284,7 @@ class ImageBatch:
     def __repr__(self) -> str:
         return (
             f"ImageBatch(size={self.size}, crop={self.crop!r}, output={self.output!r}, "
-            f"flip={self.flip}, draft={self.draft})"
+            f"flip={self.flip}, draft={self.draft}, decoder={self.decoder!r})"
         )
 
     def __call__(self, samples: Sequence[Any]) -> Any:
@@ -339,33 +356,25 @@ class ImageBatch:
                 f"ImageBatch: not an image of the formats it decodes ({', '.join(self.formats)});"
                 " other formats (EPS among them) are refused unless named in formats="
             ) from exc
-        width, height = image.size
-        if width * height > self.max_pixels:
+        try:
+            self._check_pixels(*image.size)
+        except Image.DecompressionBombError:
             image.close()
-            raise Image.DecompressionBombError(
+            raise
+        return image
+
+    def _check_pixels(self, width: int, height: int) -> None:
+        """Raises Pillow's ``DecompressionBombError`` for an image over ``max_pixels``."""
+        if width * height > self.max_pixels:
+            raise _pillow().DecompressionBombError(
                 f"ImageBatch: the image is {width} x {height} = {width * height} pixels, over "
                 f"max_pixels={self.max_pixels} (read from its header; nothing was decoded)"
             )
-        return image
 
     def _write(self, data: Any, slot: np.ndarray) -> None:
         """Decodes one image and writes it, cropped, resized, flipped and converted, into
         ``slot`` (``[3, H, W]``)."""
-        image = self._open(data)
-        width, height = image.size
-        if self.crop == "random":
-            box = random_resized_box(width, height, self.scale, self.ratio)
-        else:
-            box = center_box(width, height, self.center_fraction)
-        if self.draft and image.format == "JPEG":
-            box = self._drafted(image, box, width, height)
-        if image.mode != "RGB":
-            image = image.convert("RGB")
-        pixels = np.asarray(image)  # HWC uint8
-        left, top, right, bottom = box
-        # A copy of the crop, HWC: channels-last memory, which torch's fast uint8 antialiased
-        # kernel wants (and a writable array, which torch.from_numpy wants).
-        crop = pixels[top:bottom, left:right].copy()
+        crop = self._crop(data)
         region = torch.from_numpy(crop).permute(2, 0, 1)[None]
         resized = F.interpolate(
             region, size=self.size, mode="bilinear", antialias=True, align_corners=False
@@ -378,6 +387,45 @@ class ImageBatch:
             np.multiply(resized, self._gain, out=slot, casting="unsafe")
             np.add(slot, self._bias, out=slot)
 
+    def _crop(self, data: Any) -> np.ndarray:
+        """The crop of one image, ``uint8`` HWC, a contiguous copy (channels-last memory,
+        which torch's fast ``uint8`` antialiased kernel wants, and writable, which
+        ``torch.from_numpy`` wants). A JPEG is decoded only where the crop is
+        (:mod:`asyncloader._images.turbo`) when libturbojpeg is installed and can decode it;
+        otherwise, or when ``draft`` reduces this crop, Pillow decodes the whole image. The box
+        is drawn once, from the header's size, before either decode: the same draws as
+        Pillow's path, so a seed gives the same crops with or without libturbojpeg."""
+        fast = self.decoder == "auto" and "JPEG" in self.formats
+        header = turbo.read_header(data) if fast else None
+        if header is None:
+            return self._pillow_crop(data, None)
+        self._check_pixels(header.width, header.height)
+        box = self._box(header.width, header.height)
+        if not self.draft or _reduction(box, self.size) == 1:
+            pixels = turbo.decode_box(data, header, box)
+            if pixels is not None:
+                return pixels.copy()
+        return self._pillow_crop(data, box)
+
+    def _box(self, width: int, height: int) -> tuple[int, int, int, int]:
+        if self.crop == "random":
+            return random_resized_box(width, height, self.scale, self.ratio)
+        return center_box(width, height, self.center_fraction)
+
+    def _pillow_crop(self, data: Any, box: tuple[int, int, int, int] | None) -> np.ndarray:
+        """:meth:`_crop` by Pillow: the whole image decoded (at a reduced size with
+        ``draft``), then cropped; ``box`` is drawn here when not given."""
+        image = self._open(data)
+        width, height = image.size
+        if box is None:
+            box = self._box(width, height)
+        if self.draft and image.format == "JPEG":
+            box = self._drafted(image, box, width, height)
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        left, top, right, bottom = box
+        return np.asarray(image)[top:bottom, left:right].copy()
+
     def _drafted(
         self, image: Any, box: tuple[int, int, int, int], width: int, height: int
     ) -> tuple[int, int, int, int]:
@@ -386,11 +434,8 @@ class ImageBatch:
         (so by less than ``s`` pixels of the full image on each side: a box that cut reduced
         pixels would shift the crop by a fraction of a reduced pixel, visibly)."""
         left, top, right, bottom = box
-        out_h, out_w = self.size
-        for s in _DRAFT_SCALES:
-            if (right - left) // s >= out_w and (bottom - top) // s >= out_h:
-                break
-        else:
+        s = _reduction(box, self.size)
+        if s == 1:
             return box
         # Asking for (width // s, height // s) makes Pillow pick exactly s: the reduced image
         # is ceil(width / s) x ceil(height / s), pixel p covering full pixels [p*s, (p+1)*s).
@@ -406,6 +451,17 @@ class ImageBatch:
             min(new_w, math.ceil(right * fx)),
             min(new_h, math.ceil(bottom * fy)),
         )
+
+
+def _reduction(box: tuple[int, int, int, int], size: tuple[int, int]) -> int:
+    """The largest of libjpeg's reductions (8, 4, 2) that leaves the crop ``box`` at least
+    ``size`` (``(height, width)``) pixels each way; 1 when none does."""
+    left, top, right, bottom = box
+    out_h, out_w = size
+    for s in _DRAFT_SCALES:
+        if (right - left) // s >= out_w and (bottom - top) // s >= out_h:
+            return s
+    return 1
 
 
 def _label(value: Any) -> int:

@@ -3,7 +3,9 @@ Normalize, and the loader's device_transform that runs it."""
 
 import io
 import random
+import sys
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 import asyncloader.images as images_module
 from asyncloader import AsyncLoader
+from asyncloader._images import turbo
 from asyncloader.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -143,6 +146,7 @@ def test_a_bad_image_names_its_sample():
         ({"scale": (0.5, 0.1)}, "scale"),
         ({"std": (1, 0, 1)}, "std"),
         ({"mean": (1, 2)}, "mean"),
+        ({"decoder": "simd"}, "decoder"),
     ],
 )
 def test_bad_arguments_name_themselves(kwargs, match):
@@ -389,3 +393,178 @@ def test_refused_images_are_skipped_with_check_as_transform():
     assert sorted(i for _, labels in got for i in labels.tolist()) == list(range(6))
     assert loader.stats.skipped == 2
     assert [index for index, _ in loader.skip_log] == [2, 5]
+
+
+# ---------------------------------------------------------------------------------------------
+# The region decode (asyncloader._images.turbo): only the rows and iMCU columns of the crop.
+
+needs_turbo = pytest.mark.skipif(
+    turbo.library() is None, reason="needs the turbojpeg wheel (the images extra)"
+)
+
+
+def photo(width, height, seed=0):
+    """RGB pixels like examples.image_data's: a smooth field with fine grain (every iMCU
+    differs, and chroma changes from one pixel to the next)."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (height // 16 + 1, width // 16 + 1, 3), dtype=np.uint8)
+    field = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC))
+    grain = rng.integers(-26, 27, (height, width, 1), dtype=np.int16)
+    return np.clip(field.astype(np.int16) + grain, 0, 255).astype(np.uint8)
+
+
+def encoded(pixels, kind):
+    """``pixels`` as a JPEG of one kind: a TurboJPEG subsampling (``Y411``...) by the wheel's
+    own encoder, else Pillow's (``"4:2:0"``..., ``"progressive"``, ``"gray"``, ``"cmyk"``)."""
+    if kind.startswith("Y"):
+        import turbojpeg
+
+        return turbojpeg.compress(pixels, 90, getattr(turbojpeg.SAMP, kind))
+    image, options = Image.fromarray(pixels), {"quality": 90}
+    if kind == "gray":
+        image = image.convert("L")
+    elif kind == "cmyk":
+        image = image.convert("CMYK")
+    elif kind == "progressive":
+        options["progressive"] = True
+    else:
+        options["subsampling"] = kind
+    out = io.BytesIO()
+    image.save(out, "JPEG", **options)
+    return out.getvalue()
+
+
+def boxes(width, height, rng, n=25):
+    """Random boxes, and boxes on every edge, at the corners, one pixel wide, and starting
+    or ending on an iMCU boundary (8, 16, 32)."""
+    edge = [
+        (0, 0, width, height),
+        (0, 0, 1, 1),
+        (width - 1, height - 1, width, height),
+        (width - 1, 0, width, 1),
+        (0, height - 1, 1, height),
+        (min(16, width - 1), 0, width, height),
+        (0, min(8, height - 1), min(32, width), height),
+        (min(15, width - 1), 3, min(17, width), min(40, height)),
+    ]
+    for _ in range(n):
+        left, top = int(rng.integers(0, width)), int(rng.integers(0, height))
+        right, bottom = (
+            int(rng.integers(left + 1, width + 1)),
+            int(rng.integers(top + 1, height + 1)),
+        )
+        edge.append((left, top, right, bottom))
+    return edge
+
+
+SIZES = [(466, 251), (33, 17), (250, 131), (17, 250), (64, 48), (129, 97)]
+KINDS = ["4:4:4", "4:2:2", "4:2:0", "progressive", "gray", "Y411", "Y440", "Y441"]
+
+
+@needs_turbo
+@pytest.mark.parametrize("kind", KINDS)
+def test_region_decode_equals_full_decode_then_crop(kind):
+    """Over sizes that are not multiples of the iMCU and boxes on every edge: the region's
+    pixels are exactly those of Pillow's full decode, cropped."""
+    rng = np.random.default_rng(7)
+    for width, height in SIZES:
+        data = encoded(photo(width, height, seed=width), kind)
+        header = turbo.read_header(data)
+        assert header is not None and (header.width, header.height) == (width, height)
+        full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        for left, top, right, bottom in boxes(width, height, rng):
+            got = turbo.decode_box(data, header, (left, top, right, bottom))
+            assert got is not None
+            expected = full[top:bottom, left:right]
+            assert got.shape == expected.shape
+            assert np.array_equal(got, expected), (kind, width, height, (left, top, right, bottom))
+
+
+def run_batch(samples, seed, **options):
+    random.seed(seed)
+    return ImageBatch(**{"output": "uint8", **options})(samples)
+
+
+@needs_turbo
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4", "progressive", "gray", "cmyk"])
+@pytest.mark.parametrize("options", [{"size": 56}, {"size": (40, 72), "crop": "center"}])
+def test_imagebatch_decodes_regions_with_pillows_pixels_and_draws(kind, options):
+    """ImageBatch with the region decode gives Pillow's path's batch (same random draws, so the
+    same boxes and flips; the same pixels up to the resize's rounding); a CMYK JPEG, which the
+    region decode leaves to Pillow, too."""
+    samples = [encoded(photo(w, h, seed=w + h), kind) for w, h in [*SIZES, (320, 240)]]
+    for seed in range(6):
+        fast = run_batch(samples, seed, **options)
+        slow = run_batch(samples, seed, decoder="pillow", **options)
+        assert (fast.int() - slow.int()).abs().max() <= 1
+
+
+@needs_turbo
+def test_the_region_decode_is_used_and_pillow_only_where_needed(monkeypatch):
+    """A JPEG is not opened by Pillow at all on the region path; a PNG, a CMYK JPEG, JPEGs
+    when decoder="pillow" or when JPEG is not among the formats are."""
+    opened = []
+    real_open = ImageBatch._open
+    monkeypatch.setattr(
+        ImageBatch, "_open", lambda self, data: opened.append(1) or real_open(self, data)
+    )
+    ImageBatch(32)(as_dicts())
+    assert opened == []
+    ImageBatch(32, decoder="pillow")(as_dicts())
+    assert len(opened) == len(IMAGES)
+    opened.clear()
+    cmyk = encoded(photo(40, 30), "cmyk")
+    ImageBatch(32)([cmyk, image_bytes("PNG")])
+    assert len(opened) == 2
+    with pytest.raises(UnidentifiedImageError):
+        ImageBatch(32, formats=("PNG",))([IMAGES[0][1]])
+
+
+@pytest.fixture
+def without_turbojpeg(monkeypatch):
+    """As if the turbojpeg wheel were not installed (``import turbojpeg`` fails)."""
+    monkeypatch.setitem(sys.modules, "turbojpeg", None)
+    turbo.library.cache_clear()
+    yield
+    monkeypatch.undo()
+    turbo.library.cache_clear()
+
+
+def test_without_turbojpeg_imagebatch_decodes_with_pillow(without_turbojpeg, monkeypatch):
+    assert turbo.library() is None
+    assert turbo.read_header(IMAGES[0][1]) is None
+    monkeypatch.setattr(turbo, "decode_box", None)  # never called
+    for seed in range(3):
+        got = run_batch(as_dicts(), seed, size=48)
+        expected = run_batch(as_dicts(), seed, size=48, decoder="pillow")
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+@needs_turbo
+def test_a_truncated_jpeg_raises_pillows_error_when_the_crop_reaches_the_damage():
+    """The region decode returns nothing on libjpeg's warning; Pillow then decodes and raises
+    as it did before. Rows above the damage decode (nothing below the box is read)."""
+    data = IMAGES[0][1]
+    cut = data[: len(data) // 2]
+    header = turbo.read_header(cut)
+    assert turbo.decode_box(cut, header, (0, 0, header.width, header.height)) is None
+    assert turbo.decode_box(cut, header, (0, 0, header.width, 8)) is not None
+    with pytest.raises(OSError, match="truncated"):
+        ImageBatch(32, crop="center", center_fraction=1.0)([cut])
+
+
+@needs_turbo
+def test_the_region_decode_takes_any_contiguous_buffer_and_any_thread():
+    data = IMAGES[1][1]
+    header = turbo.read_header(data)
+    box = (10, 20, 200, 150)
+    expected = turbo.decode_box(data, header, box)
+    for buffer in (bytearray(data), memoryview(data), np.frombuffer(data, np.uint8)):
+        assert np.array_equal(turbo.decode_box(buffer, turbo.read_header(buffer), box), expected)
+    assert turbo.read_header(b"\xff\xd8\xff") is None
+    assert turbo.read_header(memoryview(data)[::2]) is None  # not contiguous
+    with ThreadPoolExecutor(4) as pool:  # a handle per thread
+        outs = list(
+            pool.map(lambda _: turbo.decode_box(data, turbo.read_header(data), box), range(16))
+        )
+    assert all(np.array_equal(out, expected) for out in outs)

@@ -21,7 +21,16 @@ from tests.helpers.parsing import parse
 PACKAGE = Path(asyncloader.__file__).parent
 
 #: The private layers, lowest first: each may import its own package and those before it.
-LAYERS = ("_base", "_config", "_tuning", "_worker", "_checkpoint", "_engines", "_pipeline")
+LAYERS = (
+    "_base",
+    "_images",
+    "_config",
+    "_tuning",
+    "_worker",
+    "_checkpoint",
+    "_engines",
+    "_pipeline",
+)
 #: Public modules: they sit on top and may import every layer.
 PUBLIC = ("__init__", "loader", "diagnose", "images", "ray")
 #: What a worker process's code must never import: the training process's side.

@@ -1,0 +1,7 @@
+"""Image decoding helpers of :mod:`asyncloader.images`: ``turbo`` decodes the region of a JPEG
+that a crop keeps, through libjpeg-turbo's TurboJPEG 3 API (the library the optional
+``turbojpeg`` wheel bundles, called with ctypes).
+
+Imports: the standard library and numpy; nothing of asyncloader. Only
+:mod:`asyncloader.images` imports it; it runs in the worker processes' collate threads.
+"""
