@@ -64,7 +64,7 @@ class BatchPlan:
             batched=options.batched,
             skip=options.on_error == "skip",
             getitems=options.batch_fetch,
-            buffers=options.prefetch_bound + 2 if options.num_workers else 0,
+            buffers=options.prefetch + 2 if options.num_workers else 0,
         )
 
     def sent(self, worker_init_fn: Any) -> dict[str, Any]:
