@@ -4,8 +4,8 @@
 ``formats=`` widens that), it decodes each one, takes a random resized crop (torchvision's
 ``RandomResizedCrop`` rule), flips it at random and writes it straight into its slot of one
 batch tensor, normalised ``float32`` or raw ``uint8``. In a worker that tensor is allocated in
-shared memory, so the batch leaves the worker without another copy, in a segment the worker
-reuses once the training process has let go of it (:mod:`asyncloader._worker.buffers`). Used as::
+shared memory, so the batch leaves the worker without another copy
+(:func:`asyncloader._worker.buffers.batch_tensor`). Used as::
 
     loader = AsyncLoader(
         ShardedSource(shard_urls),  # or ObjectStoreSource / HTTPSource over one image each

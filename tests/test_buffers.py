@@ -3,16 +3,33 @@ never overwritten, segments are reused once released, and the pool stays bounded
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
 import torch
 
 from asyncloader import AsyncLoader
-from asyncloader._worker import buffers
+from asyncloader._worker import buffers, plan
 from asyncloader._worker.buffers import BufferPool, Pooled
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each worker keeps up to prefetch + 2 segments (the pools are off by default)."""
+    made = plan.BatchPlan.of.__func__
+    monkeypatch.setattr(
+        plan.BatchPlan,
+        "of",
+        classmethod(
+            lambda cls, options: dataclasses.replace(
+                made(cls, options), buffers=options.prefetch + 2
+            )
+        ),
+    )
+
 
 #: Floats per sample: a batch of 4 is 1.5 MiB, above the size that travels by value.
 WIDTH = 96 * 1024

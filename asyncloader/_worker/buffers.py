@@ -3,8 +3,12 @@
 A batch tensor made fresh in shared memory per batch costs, for a 38 MB image batch, the
 segment's ``fallocate`` and the page faults of its first write in the worker, and an ``mmap``
 and ``munmap`` in the training process. A :class:`BufferPool` in each worker keeps the
-segments it lent; the training process keeps its mapping of each (a :class:`Returns`) and
-tells the worker when a segment is free again. Both ends then reuse pages already mapped.
+segments it lent; the training process (a :class:`Returns`) tells the worker when one is free
+again, and the worker writes the next batch into pages it has mapped already. The training
+process maps each batch as before and lets go of it once free: a segment it kept mapped
+would stay allocated after the worker dropped it. The pool keeps at most ``KEEP_FREE``
+free segments, so after a burst of batches in flight (a window the consumer was slow to
+drain) it holds about what is in flight again.
 
 The handshake lives in each segment, after the tensor's bytes: two ``int64`` words, written
 by one side each, so they never race.
@@ -26,6 +30,7 @@ fresh segment per batch, as without it.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import random
@@ -50,6 +55,9 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
 TRAILER = 64
 #: Segments at most in a worker's pool, unless the loader says otherwise.
 DEFAULT_SLOTS = 6
+#: Free segments a pool keeps besides the one it lends; more are dropped (after a burst of
+#: batches in flight), so that it holds about what is in flight, not the most ever was.
+KEEP_FREE = 2
 
 
 def _marks(storage: torch.UntypedStorage, offset: int) -> torch.Tensor:
@@ -57,10 +65,15 @@ def _marks(storage: torch.UntypedStorage, offset: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.int64).set_(storage, offset // 8, (2,))
 
 
+_slot_ids = itertools.count()
+
+
 class _Slot:
-    """One segment of the pool: ``capacity`` bytes of data, then the handshake words."""
+    """One segment of the pool: ``capacity`` bytes of data, then the handshake words; ``id``
+    names it to the training process for the pool's life."""
 
     def __init__(self, capacity: int) -> None:
+        self.id = next(_slot_ids)
         self.capacity = capacity
         self.storage = new_shared_storage(capacity + TRAILER)
         self.marks = _marks(self.storage, capacity)
@@ -101,7 +114,10 @@ class BufferPool:
         epoch are alike, but for the last), else in a fresh shared segment."""
         nbytes = math.prod(shape) * dtype.itemsize
         capacity = -(-nbytes // TRAILER) * TRAILER
-        slot = next((s for s in self._all if s.capacity == capacity and s.free), None)
+        free = [s for s in self._all if s.capacity == capacity and s.free]
+        slot = free[0] if free else None
+        for spare in free[1 + KEEP_FREE :]:  # after a burst: let the memory go
+            self._all.remove(spare)
         if slot is None and len(self._all) < self.slots and nbytes:
             slot = _Slot(capacity)
             self._all.append(slot)
@@ -124,7 +140,7 @@ class BufferPool:
             if k is None:
                 slot.give_back()
             else:
-                found.append((k, self._all.index(slot), generation))
+                found.append((k, slot.id, generation))
         return Pooled(batch, self.token, found) if found else batch
 
 
@@ -174,8 +190,8 @@ def _unheld() -> tuple[int | None, int]:
 
 
 class _Held:
-    """The training process's reference to one segment: its marks view, which keeps the
-    segment mapped between lendings."""
+    """The training process's reference to one segment it received, until it reports it
+    free: its marks view (which keeps it mapped until then)."""
 
     __slots__ = ("freed", "marks", "received")
 
@@ -232,9 +248,11 @@ class Returns:
         held.received = generation
 
     def sweep(self) -> None:
-        """Reports free every segment the user no longer holds."""
-        for held in self._held.values():
-            held.release_if_unused()
+        """Reports free every segment the user no longer holds, and lets go of this process's
+        mapping of it (the worker may drop it; if it lends it again, it comes back)."""
+        released = [key for key, held in self._held.items() if held.release_if_unused()]
+        for key in released:
+            del self._held[key]
         if _leftover:
             _leftover[:] = [held for held in _leftover if not held.release_if_unused()]
 
@@ -242,5 +260,5 @@ class Returns:
         """The epoch is over: drops this process's mappings of the segments. One the user
         still holds is reported free once released, by a later sweep."""
         self.sweep()
-        _leftover.extend(held for held in self._held.values() if held.freed != held.received)
+        _leftover.extend(self._held.values())
         self._held.clear()

@@ -64,7 +64,8 @@ class BatchPlan:
             batched=options.batched,
             skip=options.on_error == "skip",
             getitems=options.batch_fetch,
-            buffers=options.prefetch + 2 if options.num_workers else 0,
+            # Off: kept segments measured more memory than they saved CPU (docs/workers.md).
+            buffers=0,
         )
 
     def sent(self, worker_init_fn: Any) -> dict[str, Any]:

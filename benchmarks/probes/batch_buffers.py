@@ -7,8 +7,9 @@ way out of the worker costs CPU. Cases, each a fresh process, alternating, ``--r
 
 - ``alone``: ``ImageBatch(224)`` on lists of 64 in one process, one torch thread: the floor;
 - ``fresh``: ``AsyncLoader(pairs, batch_size=64, num_workers=2, collate_fn=ImageBatch(224))``
-  with the pools turned off (each batch a fresh 38 MB segment, as before them);
-- ``reused``: the same with the pools (the default).
+  as it is (each batch a fresh 38 MB segment);
+- ``reused``: the same with each worker keeping up to ``SLOTS`` segments for reuse (off by
+  default; turned on here).
 
 Reported per case: the median CPU ms per image of the whole process tree (``getrusage`` of
 the process and its reaped children, worker start included), images/s, and minor page faults
@@ -36,6 +37,8 @@ CASES = ("alone", "fresh", "reused")
 BATCH = 64
 DISTINCT = 1536
 CACHE = Path(".cache/batch_buffers_images.pkl")
+#: Segments per worker in the ``reused`` case: ``prefetch="auto"``'s bound + 2.
+SLOTS = 18
 
 
 def _usage() -> tuple[float, int]:
@@ -58,13 +61,14 @@ def _pairs(n: int) -> list[tuple[bytes, int]]:
     return (pairs * (n // len(pairs) + 1))[:n]
 
 
-def _without_pools() -> None:
-    """Workers started from now on keep no segments (as before the pools)."""
+def with_pools(slots: int) -> None:
+    """Workers started from now on keep up to ``slots`` segments each (the pools are off by
+    default: docs/workers.md)."""
     from asyncloader._worker import plan
 
     made = plan.BatchPlan.of.__func__  # type: ignore[attr-defined]
     plan.BatchPlan.of = classmethod(  # type: ignore[method-assign]
-        lambda cls, options: dataclasses.replace(made(cls, options), buffers=0)
+        lambda cls, options: dataclasses.replace(made(cls, options), buffers=slots)
     )
 
 
@@ -83,8 +87,8 @@ def one(case: str, n: int) -> dict[str, Any]:
         for i in range(0, n, BATCH):
             collate(pairs[i : i + BATCH])
     else:
-        if case == "fresh":
-            _without_pools()
+        if case == "reused":
+            with_pools(SLOTS)
         loader = AsyncLoader(pairs, batch_size=BATCH, num_workers=2, collate_fn=collate)
         seen = sum(len(labels) for _, labels in loader)
         loader.close()
