@@ -95,6 +95,18 @@ class AsyncLoader(Generic[T_co]):
         dataset: Map-style (sync or ``async def __getitem__``) or iterable (``__iter__`` or
             ``__aiter__``); torch ``Dataset`` and ``IterableDataset`` objects work unchanged.
             Iterables are pulled once, in this process, unless ``fetch_in_workers``.
+            A map-style dataset may supply its own sampler (``asyncloader.sources.Mix`` of
+            map-style sources does): ``dataset.loader_sampler()``, called once here, is the
+            sampler, each ``iter()`` of it one epoch of keys for ``__getitem__``, this
+            rank's share (the dataset splits itself: told its place with ``set_rank`` and
+            each epoch with the sampler's ``set_epoch`` under ``distributed``). It is batched
+            by ``batch_size`` and ``drop_last``; ``shuffle=True``, ``sampler`` and
+            ``batch_sampler`` raise ``ValueError``. If the dataset has ``state_dict()`` and
+            ``load_state_dict()``, its state must say where its sampler stands (a new value
+            each call): the loader reads it after each batch it takes from the sampler,
+            saves the one at the first batch not received (``dataset_state``), and on
+            resume loads it and goes on from that batch without running the sampler through
+            the ones before; without them the sampler is stepped over, as any sampler is.
         batch_size: Samples per batch; ``None`` yields single samples (as DataLoader).
         shuffle: Reshuffle every epoch (``RandomSampler`` with ``generator``).
         sampler: Any torch ``Sampler`` or iterable of indices (``DistributedSampler``...).

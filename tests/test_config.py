@@ -95,3 +95,74 @@ def test_device_is_normalised():
     """device accepts a string and exposes a torch.device."""
     loader = AsyncLoader(DS, device="cpu")
     assert loader._options.device == torch.device("cpu")
+
+
+class Backwards:
+    """The sampler of :class:`OwnOrder`: each ``iter()`` reads where the dataset stands."""
+
+    def __init__(self, dataset: "OwnOrder") -> None:
+        self.dataset = dataset
+
+    def __iter__(self):
+        rank, world = self.dataset.place
+        return iter(range(self.dataset.n - 1 - rank, -1, -world))
+
+    def __len__(self) -> int:
+        rank, world = self.dataset.place
+        return len(range(self.dataset.n - 1 - rank, -1, -world))
+
+
+class OwnOrder:
+    """A map-style dataset that supplies its sampler (``loader_sampler()``): its indices
+    backwards, split by rank as it decides (here: every other index from ``rank``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.place = n, (0, 1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        self.place = (rank, world_size)
+
+    def loader_sampler(self) -> Backwards:
+        return Backwards(self)
+
+
+def test_a_dataset_that_supplies_its_sampler_is_read_in_its_order():
+    """The loader iterates the dataset's sampler, batched by batch_size and drop_last, in
+    place of one of its own (no RandomSampler, no RankSampler with distributed=True: the
+    dataset is told its place and splits itself); a stateless one resumes by stepping over
+    the batches received."""
+    loader = AsyncLoader(OwnOrder(7), batch_size=2, drop_last=True)
+    assert [b.tolist() for b in loader] == [[6, 5], [4, 3], [2, 1]] and len(loader) == 3
+    ranked = AsyncLoader(OwnOrder(7), batch_size=2, distributed=True, rank=1, world_size=2)
+    assert [b.tolist() for b in ranked] == [[5, 3], [1]]
+    first = AsyncLoader(OwnOrder(7), batch_size=2)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    it.close()
+    assert state["dataset_len"] is None  # the dataset's own sampler owns its order
+    again = AsyncLoader(OwnOrder(7), batch_size=2)
+    again.load_state_dict(state)
+    assert [b.tolist() for b in again] == [[4, 3], [2, 1], [0]]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(shuffle=True), dict(sampler=[0, 1]), dict(batch_sampler=[[0, 1]], batch_size=1)],
+    ids=["shuffle", "sampler", "batch_sampler"],
+)
+def test_a_dataset_that_supplies_its_sampler_refuses_the_loaders_sampling(kwargs):
+    """Its sampler orders, shuffles and splits it: the loader's own are refused, naming the
+    option (shuffle=False is DataLoader's default, and fine)."""
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"{name}= with a dataset that supplies its own sampler"):
+        AsyncLoader(OwnOrder(4), **kwargs)
+    assert [b.tolist() for b in AsyncLoader(OwnOrder(4), batch_size=4, shuffle=False)] == [
+        [3, 2, 1, 0]
+    ]

@@ -65,6 +65,17 @@ def source_kind(dataset: Any) -> SourceKind:
     )
 
 
+def supplies_sampler(dataset: Any) -> bool:
+    """``dataset`` orders itself: a map-style dataset with a ``loader_sampler()`` method (as
+    ``asyncloader.sources.Mix`` of map-style sources), whose sampler the loader iterates
+    instead of building one from ``shuffle`` and ``distributed``. Its keys are whatever its
+    ``__getitem__`` takes; the sampler is already this rank's share."""
+    if isinstance(dataset, (IterableDataset, AsyncIterable)):
+        return False
+    indexable = getattr(type(dataset), "__getitem__", None) is not None
+    return indexable and callable(getattr(dataset, "loader_sampler", None))
+
+
 def has_getitems(dataset: Any) -> bool:
     """DataLoader's test: ``dataset`` has a ``__getitems__`` that is not ``None``."""
     return bool(getattr(dataset, "__getitems__", None))

@@ -67,6 +67,8 @@ def _registry() -> Iterator[None]:
             yield
         finally:
             _gc_state.holding = False
+
+
 #: How long :func:`loops_parked` waits for a loop to reach its park (a loop never blocks
 #: this long unless a callback of someone else's does).
 PARK_S = 5.0

@@ -29,6 +29,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
+from asyncloader._base.kinds import supplies_sampler
 from asyncloader._base.ranks import resolve_ranks, share
 from asyncloader._checkpoint.layout import SOURCE_KEYS, placed, taken
 from asyncloader._checkpoint.shape import check_shape, decode_rng_bytes, refuse
@@ -141,8 +142,9 @@ def ranks_state(options: Options, cuts: tuple[SamplerCut, ...]) -> dict[str, Any
 
 def dataset_len(options: Options) -> int | None:
     """``len()`` of a map-style dataset (its sampler's order depends on it); ``None`` for an
-    iterable source or a dataset without a length."""
-    if not options.kind.is_map:
+    iterable source, a dataset without a length, or one that supplies its sampler (its own
+    state carries its order: a Mix's length moves with its weights and world size)."""
+    if not options.kind.is_map or supplies_sampler(options.dataset):
         return None
     try:
         return len(options.dataset)

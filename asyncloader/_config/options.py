@@ -26,7 +26,7 @@ from torch.utils.data import (
 )
 
 from asyncloader._base import validate as check
-from asyncloader._base.kinds import SourceKind, has_getitems, source_kind
+from asyncloader._base.kinds import SourceKind, has_getitems, source_kind, supplies_sampler
 from asyncloader._base.ranks import resolve_ranks
 from asyncloader._config.defaults import CAP as AUTO_CAP
 from asyncloader._config.defaults import (
@@ -209,6 +209,9 @@ class Options:
 
     def _sample_map(self) -> None:
         """Checks the sampling options of a map-style source and builds its sampler chain."""
+        if supplies_sampler(self.dataset):
+            self._sample_by_dataset()
+            return
         check.check_map_sampling(
             self.batch_size, self.shuffle, self.sampler, self.batch_sampler, self.drop_last
         )
@@ -233,6 +236,25 @@ class Options:
             )
             _set(self, sampler=sampler)
         if self.batch_sampler is None and self.batch_size is not None:
+            _set(self, batch_sampler=BatchSampler(sampler, self.batch_size, self.drop_last))
+
+    def _sample_by_dataset(self) -> None:
+        """A dataset that supplies its sampler (``loader_sampler()``): that sampler, batched
+        by ``batch_size`` and ``drop_last``; it orders, shuffles and splits the dataset itself,
+        so ``shuffle=True``, ``sampler`` and ``batch_sampler`` are refused."""
+        options = (("shuffle", self.shuffle or None), ("sampler", self.sampler),
+                   ("batch_sampler", self.batch_sampler))  # fmt: skip
+        given = [name for name, value in options if value is not None]
+        if given:
+            raise ValueError(
+                f"{given[0]}= with a dataset that supplies its own sampler "
+                f"({type(self.dataset).__qualname__}.loader_sampler(): it orders and shuffles "
+                f"the dataset, and splits it across ranks): leave {given[0]} unset"
+            )
+        check.check_auto_batching(self.batch_size, self.drop_last)
+        sampler = self.dataset.loader_sampler()
+        _set(self, sampler=sampler)
+        if self.batch_size is not None:
             _set(self, batch_sampler=BatchSampler(sampler, self.batch_size, self.drop_last))
 
     def for_epoch(self, num_workers: int) -> Options:

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
@@ -55,7 +55,7 @@ from asyncloader._engines.engine import Engine, ExecutorEngine, WorkerEngine
 from asyncloader._engines.lifetime import WorkerLease
 from asyncloader._pipeline.batches import Batch, Made, map_batches, stream_batches
 from asyncloader._pipeline.device import DeviceStage
-from asyncloader._pipeline.epoch_start import EpochStart, SamplerCursor
+from asyncloader._pipeline.epoch_start import EpochStart, SamplerCursor, recorded
 from asyncloader._pipeline.length import LengthCheck, ReportedLength
 from asyncloader._pipeline.transform import Transformer, inline_plan
 from asyncloader._pipeline.worker_streams import worker_stream_batches
@@ -533,7 +533,10 @@ class Epoch:
             return worker_stream_batches(engine, options, start, self.progress, transformer.crashed)
         if options.kind.is_map:
             assert start.index_iter is not None
-            return map_batches(options, start.index_iter, start.resume)
+            indices: Iterator[Any] = start.index_iter
+            if self.progress.tracks_source:  # a dataset that supplies its sampler, stateful
+                indices = recorded(indices, options.dataset, self.progress, start.first_seq)
+            return map_batches(options, indices, start.resume)
         thread = None
         if options.kind is SourceKind.ITERABLE:
             thread = loader_threads(1, "asyncloader-source")

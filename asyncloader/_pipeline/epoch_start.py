@@ -26,9 +26,15 @@ from typing import Any
 
 import torch
 
-from asyncloader._base.kinds import SourceKind
+from asyncloader._base.kinds import SourceKind, supplies_sampler
 from asyncloader._base.seeding import draw_seed
-from asyncloader._base.source_state import open_iterator, restore_dataset, source_state
+from asyncloader._base.source_state import (
+    is_stateful,
+    open_iterator,
+    restore_dataset,
+    source_state,
+)
+from asyncloader._checkpoint.progress import Progress
 from asyncloader._checkpoint.state import (
     Resume,
     decode_rng,
@@ -56,13 +62,13 @@ class EpochStart:
             ``__iter__`` (``__aiter__``) here, on the consumer's thread, as DataLoader does.
         claim: ``(claim, token)`` when ``source_iter`` is the dataset itself: pulls check
             that this epoch still owns it (see :mod:`asyncloader._pipeline.claims`).
-        first_seq: The seq of the first batch an iterable source will give: ``resume.start``
-            when the source restored its own state, else 0 (earlier batches are then pulled
-            and dropped).
+        first_seq: The seq of the first batch an iterable source (or the sampler of a
+            dataset that supplies it) will give: ``resume.start`` when the source restored
+            its own state, else 0 (earlier batches are then pulled and dropped).
         source_state: ``(first_seq, state)``: an iterable source's own state (see
-            :func:`~asyncloader._base.source_state.source_state`) before its first batch, when it
-            or its
-            iterator keeps one (``state_dict``/``load_state_dict``); else ``None``.
+            :func:`~asyncloader._base.source_state.source_state`) before its first batch, when
+            it or its iterator keeps one (``state_dict``/``load_state_dict``), or that of a
+            dataset that supplies its sampler and keeps one; else ``None``.
         cuts: With ``distributed=True``: the interruptions at other world sizes whose
             remainder this epoch is (see :mod:`asyncloader._config.rank_sampler`); ``()`` for a
             whole epoch.
@@ -120,12 +126,25 @@ def start_epoch(options: Options, number: int, state: dict[str, Any] | None) -> 
 
 def with_sampler(options: Options, start: EpochStart) -> EpochStart:
     """``start`` with its (batch) sampler started (map-style sources): the first indices are
-    drawn now, from the RNG state the seed's draw left."""
+    drawn now, from the RNG state the seed's draw left. The sampler a dataset supplies is
+    iterated here and its keys batched as its ``BatchSampler`` would, so that the dataset's
+    state (a ``Mix``'s) is taken between its ``iter()`` and its first key: where that
+    iteration starts (see :func:`recorded`)."""
     if not options.kind.is_map:
         return start
     with _rng_replayed(options.generator, start.sampler_rng):
-        cursor = SamplerCursor(start_sampler(options))
-    return dataclasses.replace(start, index_iter=cursor)
+        if not supplies_sampler(options.dataset):
+            return dataclasses.replace(start, index_iter=SamplerCursor(start_sampler(options)))
+        try:
+            keys = iter(options.sampler)  # the dataset's iteration opens here
+        except Exception as exc:
+            return dataclasses.replace(start, index_iter=SamplerCursor(_raising(exc)))
+        kept = None
+        if is_stateful(options.dataset):
+            kept = (start.first_seq, source_state(options.dataset))
+        batches = keys if options.batch_size is None else _batched(keys, options)
+        cursor = SamplerCursor(_first_drawn(batches))
+    return dataclasses.replace(start, index_iter=cursor, source_state=kept)
 
 
 class SamplerCursor:
@@ -167,12 +186,14 @@ class SamplerCursor:
 
 
 def tell_rank(options: Options) -> None:
-    """``distributed=True`` with an explicit ``rank``: an iterable source with ``set_rank`` is
-    told its place, once, before any worker takes a copy of it (without one, it finds
-    torch.distributed's itself, as ``ShardedSource`` does)."""
+    """``distributed=True`` with an explicit ``rank``: an iterable source, or a dataset that
+    supplies its sampler, with ``set_rank`` is told its place, once, before any worker takes
+    a copy of it (without one, it finds torch.distributed's itself, as ``ShardedSource``
+    and ``Mix`` do)."""
     set_rank = getattr(options.dataset, "set_rank", None)
     explicit = options.rank is not None
-    if options.distributed and explicit and not options.kind.is_map and callable(set_rank):
+    splits_itself = not options.kind.is_map or supplies_sampler(options.dataset)
+    if options.distributed and explicit and splits_itself and callable(set_rank):
         set_rank(options.rank, options.world_size)
 
 
@@ -230,7 +251,7 @@ def _start_source(
     """
     dataset, saved = options.dataset, resume.source_state or {}
     if options.kind.is_map:
-        return None, None, 0, None
+        return None, None, _first_seq(options, resume), None
     if options.worker_streams:  # iterated in the workers (see asyncloader._pipeline.worker_streams)
         merge = resume.source_state or fresh_state(options.num_workers)
         return None, None, resume.start, (resume.start, merge)
@@ -249,6 +270,33 @@ def _start_source(
     return iterator, owned, first_seq, (first_seq, state)
 
 
+def _first_seq(options: Options, resume: Resume) -> int:
+    """The seq of a map-style epoch's first batch: for a dataset that supplies its sampler
+    and keeps a state (``Mix``), the first batch not received when a state of its was
+    loaded (it put the sampler there: see :func:`recorded`); else 0 (the sampler is
+    stepped over up to it)."""
+    dataset = options.dataset
+    if not (supplies_sampler(dataset) and is_stateful(dataset)):
+        return 0
+    return resume.start if (resume.source_state or {}).get("dataset") is not None else 0
+
+
+def recorded(
+    index_iter: Iterator[Any], dataset: Any, progress: Progress, first_seq: int
+) -> Iterator[Any]:
+    """The batches of a dataset that supplies its sampler and keeps a state (``Mix``): its
+    ``state_dict()`` says where its sampler stands, so it is recorded after each batch as
+    the state before the next, as an iterable source's is, and a state loaded puts the
+    sampler where it was (the batches before it are ``first_seq`` placeholders, which the
+    epoch steps over). The protocol asks a new value of each ``state_dict()`` call (a
+    Mix's is): it is kept as it is, not copied."""
+    yield from itertools.repeat(None, first_seq)
+    state_dict = dataset.state_dict
+    for seq, indices in enumerate(index_iter, first_seq):
+        progress.source_state_before(seq + 1, {"dataset": state_dict(), "iterator": None})
+        yield indices
+
+
 def capture_rng(generator: torch.Generator | None) -> tuple[str, torch.Tensor]:
     """The state the epoch's random draws start from: the generator's, or torch's global one."""
     if generator is not None:
@@ -256,9 +304,24 @@ def capture_rng(generator: torch.Generator | None) -> tuple[str, torch.Tensor]:
     return "global", torch.get_rng_state()
 
 
+def _batched(keys: Iterator[Any], options: Options) -> Iterator[list[Any]]:
+    """``keys`` in batches, as ``BatchSampler(sampler, batch_size, drop_last)`` makes them."""
+    size = options.batch_size
+    assert size is not None
+    while batch := list(itertools.islice(keys, size)):
+        if len(batch) < size and options.drop_last:
+            return
+        yield batch
+
+
 def start_sampler(options: Options) -> Iterator[Any]:
     """The (batch) sampler's iterator with its first element drawn now (errors kept for later)."""
     it = iter(options.batch_sampler if options.batch_sampler is not None else options.sampler)
+    return _first_drawn(it)
+
+
+def _first_drawn(it: Iterator[Any]) -> Iterator[Any]:
+    """``it`` with its first element drawn now (errors kept for later)."""
     try:
         first = next(it)
     except StopIteration:

@@ -6,17 +6,19 @@ workload (40000 bare indices, batch 64, 2 workers: what is left is the loader's 
 each variant's epoch timed and checked as the benchmark does (:func:`benchmarks.run_one.
 measure`: every index once), in fresh processes, alternating, ``--reps`` times; prints the
 median items/s and CPU ms per item of each, and the median of its per-rep ratios to
-``alone``:
+``alone`` (with the ratios themselves):
 
 - ``alone``: the workload's map-style source by itself (the loader's sampler, the reads in
   the workers);
 - ``mix``: ``Mix`` of three map-style sources splitting the indices (weights 1:1:1,
-  ``"all_exhausted"``): draws, reads and the Mix's state per batch in the training process;
+  ``"all_exhausted"``): read as a map-style dataset, its sampler's draws and the Mix's state
+  per batch in the training process, the reads in the workers;
+- ``mix-fiw``: the same with ``fetch_in_workers=True``;
 - ``mix1``: ``Mix`` of the workload's source alone;
 - ``iterable``: a plain iterable over the same indices (the loader's iterable path alone,
   without Mix);
 - ``stateful``: the same with ``state_dict()`` (which the loader then saves before each
-  batch, as it does a Mix's).
+  batch, as it does a Mix's with an iterable source).
 
 Proportions (``--proportions``): 100,000 draws of ``stop="never"`` from three sources of
 weights 0.5, 0.3 and 0.2; prints each source's share and its distance to its weight.
@@ -35,7 +37,9 @@ from benchmarks.loaders import CPU_WORKERS
 from benchmarks.side_by_side import in_fresh_process
 from benchmarks.workloads import WORKLOADS, IndexSource
 
-VARIANTS = ("alone", "mix", "mix1", "iterable", "stateful")
+VARIANTS = ("alone", "mix", "mix-fiw", "mix1", "iterable", "stateful")
+#: The loader's options of each variant beside the workload's.
+OPTIONS = {"mix-fiw": {"fetch_in_workers": True}}
 WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
 
 
@@ -106,7 +110,7 @@ def one_run(variant: str, items: int) -> dict[str, float]:
     workload = WORKLOADS["overhead"]
     data = dataset(variant, items)
     gc.collect()
-    loader = asyncloader_loader(workload, data, CPU_WORKERS)
+    loader = asyncloader_loader(workload, data, CPU_WORKERS, **OPTIONS.get(variant, {}))
     timings = measure(loader, Checker(items, workload.shape))
     return {"items_per_s": timings["items_per_s"], "cpu_ms": timings["cpu_ms_per_item"]}
 
@@ -140,7 +144,8 @@ def summary(variant: str, got: list[dict[str, float]], alone: list[dict[str, flo
     line = f"{variant:9}: {statistics.median(rates):8.0f} items/s, {cpu:.4f} CPU ms/item"
     if alone is not None and variant != "alone":
         pairs = [r / a["items_per_s"] for r, a in zip(rates, alone, strict=True)]
-        line += f"  x{statistics.median(pairs):.3f} of alone (median of pairs)"
+        line += f"  x{statistics.median(pairs):.3f} of alone (median of pairs"
+        line += f" {[round(p, 2) for p in pairs]})"
     return f"{line}  runs={[round(r) for r in rates]}"
 
 

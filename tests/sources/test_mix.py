@@ -13,13 +13,16 @@ import asyncio
 import json
 import math
 import pickle
+import random
 from collections import Counter
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, IterableDataset
 
 from asyncloader import AsyncLoader
-from asyncloader.sources import Mix, ShardedSource
+from asyncloader.sources import Mix, ShardedSource, SourceKind, source_kind
+from asyncloader.sources._mix.draw import CHUNK, random_chunk
 from tests.helpers import Draws, shard_set
 from tests.helpers.contracts import (
     STOPS,
@@ -31,6 +34,7 @@ from tests.helpers.contracts import (
     check_resume,
     epoch,
     ran_ahead,
+    state_after,
 )
 from tests.helpers.waiting import wait_event
 
@@ -110,13 +114,18 @@ def source_of(sample: str) -> str:
     return "t" if "-" in sample else sample[0]  # a shard's key: s000-0001
 
 
-@pytest.fixture
-def shards(tmp_path):
+def shard_paths(folder) -> list[str]:
+    """The tar shards of SIZES, written in ``folder``."""
     paths = []
     for name, data in shard_set(len(SIZES), SIZES).items():
-        (tmp_path / name).write_bytes(data)
-        paths.append(str(tmp_path / name))
+        (folder / name).write_bytes(data)
+        paths.append(str(folder / name))
     return paths
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return shard_paths(tmp_path)
 
 
 def mixed(stop="all_exhausted", asynchronous=False, shards=None, **kw) -> Mix:
@@ -135,6 +144,18 @@ def mixed(stop="all_exhausted", asynchronous=False, shards=None, **kw) -> Mix:
     if stop == "never":
         kw.setdefault("samples_per_epoch", 20)
     return Mix(sources, weights, stop=stop, **{"seed": 5} | kw)
+
+
+def mapped(stop="all_exhausted", **kw) -> Mix:
+    """Three sync map-style sources: a Mix read as a map-style dataset (the map path)."""
+    sources = {"a": Named("a", 7), "b": Named("b", 5), "c": Named("c", 4)}
+    if stop == "never":
+        kw.setdefault("samples_per_epoch", 20)
+    return Mix(sources, {"a": 1.0, "b": 2.0, "c": 1.0}, stop=stop, **{"seed": 5} | kw)
+
+
+#: The Mix of the iterable path (a stream among its sources) and of the map path.
+BUILDS = [pytest.param(mixed, id="iterable"), pytest.param(mapped, id="map")]
 
 
 def drawn(mix) -> list:
@@ -408,6 +429,8 @@ def test_resume_at_every_position_of_the_iteration_itself(stop, shards):
 
 
 PLACEMENTS = [pytest.param({}, id="workers=0"), pytest.param({"num_workers": 2}, id="workers=2")]
+IN_WORKERS = {"num_workers": 2, "fetch_in_workers": True}
+ALL_PLACEMENTS = [*PLACEMENTS, pytest.param(IN_WORKERS, id="fetch-in-workers")]
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
@@ -420,10 +443,11 @@ def test_the_loader_resumes_at_every_position(placement, asynchronous):
     check_resume(make, key=list)
 
 
-def test_the_loader_resumes_a_never_mix_across_epochs():
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_loader_resumes_a_never_mix_across_epochs(build):
     """distributed=True tells the epochs: states between and inside epochs continue exactly
     (the sources going on from where the epoch before left them)."""
-    make = lambda: loader(mixed("never"), distributed=True, rank=0, world_size=1)  # noqa: E731
+    make = lambda: loader(build("never"), distributed=True, rank=0, world_size=1)  # noqa: E731
     run = make()
     first, between = epoch(run, list), json.loads(json.dumps(run.state_dict()))
     second, third = epoch(run, list), epoch(run, list)
@@ -448,29 +472,34 @@ def counted(run: AsyncLoader, it, got: list) -> list:
     ``stats.sources`` are checked to be the samples received of each source."""
     for batch in it:
         got += batch
-        assert run.stats.sources == received(got)
+        assert run.stats.sources == received(got, "".join(run.stats.sources))
     return got
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("stop", ["all_exhausted", "never"])
-def test_loader_stats_count_each_sources_samples_received(shards, placement, stop):
+@pytest.mark.parametrize("build", BUILDS)
+def test_loader_stats_count_each_sources_samples_received(shards, placement, stop, build):
     """loader.stats.sources after every batch and at the epoch's end: the samples received
     of each source, though the Mix has drawn ahead of them (a held consumer lets it); in a
     resumed epoch, those received since the resume (as stats.samples)."""
-    make = lambda: loader(mixed(stop, stop == "never", shards), **placement)  # noqa: E731
+    if build is mixed:
+        build = lambda stop: mixed(stop, stop == "never", shards)  # noqa: E731
+    make = lambda: loader(build(stop), **placement)  # noqa: E731
     run = make()
     it = iter(run)
-    assert run.stats.sources == received([])
+    names = "".join(run.stats.sources)
+    assert run.stats.sources == received([], names)
     got = list(next(it))
     wait_event(ran_ahead(run), "the Mix to draw ahead of a held consumer")
     assert sum(run.dataset.counts.values()) > len(got) == sum(run.stats.sources.values())
     got, stats = counted(run, it, got), run.stats
     logged = {n[len("sources/") :]: v for n, v in stats.as_dict().items() if "/" in n}
-    assert stats.sources == logged == received(got)
-    assert f"a {received(got)['a']} (" in run.report()
+    assert stats.sources == logged == received(got, names)
+    assert f"a {received(got, names)['a']} (" in run.report()
     again = flat(epoch(run, list))  # the next epoch counts its own
-    assert run.stats.sources == received(again) and run.previous_stats.sources == stats.sources
+    assert run.stats.sources == received(again, names)
+    assert run.previous_stats.sources == stats.sources
     stopped = make()
     it = iter(stopped)
     seen = flat(next(it) for _ in range(3))
@@ -482,7 +511,9 @@ def test_loader_stats_count_each_sources_samples_received(shards, placement, sto
     assert seen + rest == got and resumed.stats.samples == len(rest)
 
 
-def test_fetch_in_workers_is_refused_naming_it():
+def test_fetch_in_workers_is_refused_naming_it_for_an_iterable_mix():
+    """A Mix with an iterable source is iterated in one place (a map-only one is read in
+    the workers: see the map path's tests)."""
     made = loader(mixed(), num_workers=2, fetch_in_workers=True)
     with pytest.raises(ValueError, match="fetch_in_workers=True"):
         epoch(made, list)
@@ -501,13 +532,29 @@ def test_exactly_once_and_the_window(placement):
     check_bounded_window(made.stats)
 
 
-def test_draws_in_the_workers_repeat():
+@pytest.mark.parametrize("placement", ALL_PLACEMENTS)
+def test_exactly_once_and_the_window_of_the_map_path(placement):
+    made = loader(mapped(), **placement, in_order=False)
+    check_exactly_once(epoch(made, list), drawn(mapped()))
+    made = loader(mapped(), **placement, prefetch=2, io_concurrency=4)
+    epoch(made, list, slow=True)
+    check_bounded_window(made.stats)
+
+
+REPEATS = [(mixed, False), (mapped, False), (mapped, True)]
+
+
+@pytest.mark.parametrize(
+    ("build", "fetch_in_workers"), REPEATS, ids=["iterable", "map", "map-fetch-in-workers"]
+)
+def test_draws_in_the_workers_repeat(build, fetch_in_workers):
     """A transform's random draws in the workers repeat with the generator's seed, for 1
     or 2 workers (the mix itself is the Mix's seed's)."""
 
     def make(num_workers, seed):
         generator = torch.Generator().manual_seed(seed)
-        return loader(mixed(), num_workers=num_workers, transform=Draws(), generator=generator)
+        return loader(build(), num_workers=num_workers, transform=Draws(), generator=generator,
+                      fetch_in_workers=fetch_in_workers)  # fmt: skip
 
     check_repeatable(make, list)
 
@@ -518,63 +565,81 @@ def test_clean_shutdown(placement, stop):
     check_clean_shutdown(loader(mixed(asynchronous=True), **placement), stop)
 
 
+@pytest.mark.parametrize("stop", STOPS)
+@pytest.mark.parametrize("placement", ALL_PLACEMENTS)
+def test_clean_shutdown_of_the_map_path(placement, stop):
+    check_clean_shutdown(loader(mapped(), **placement), stop)
+
+
 # -- ranks ----------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["shards", "map"])
+def third(request, tmp_path):
+    """The shards of the third source of :func:`ranked`, or None: a map-style one (the
+    Mix is then read as a map-style dataset)."""
+    return None if request.param == "map" else shard_paths(tmp_path)
+
+
 def ranked(shards, rank, world, stop="all_exhausted", **kw) -> AsyncLoader:
-    """A loader of rank ``rank`` of ``world`` over two map-style sources and the shards."""
+    """A loader of rank ``rank`` of ``world`` over two map-style sources and the shards
+    (with ``shards=None`` a third map-style source ``c`` instead)."""
     opts = dict(samples_per_shard=SIZES, shuffle_buffer=4, seed=1, decode=key_of)
-    sources = {"a": Named("a", 8), "b": Named("b", 6), "t": ShardedSource(shards, **opts)}
+    third = Named("c", 6) if shards is None else ShardedSource(shards, **opts)
+    sources = {"a": Named("a", 8), "b": Named("b", 6), "c" if shards is None else "t": third}
     more = {"samples_per_epoch": 20} if stop == "never" else {}
-    mix = Mix(sources, {"a": 1, "b": 2, "t": 2}, seed=5, stop=stop, distributed_tail="drop",
-              **more)  # fmt: skip
+    weights = {"a": 1, "b": 2, "c" if shards is None else "t": 2}
+    mix = Mix(sources, weights, seed=5, stop=stop, distributed_tail="drop", **more)
     return loader(mix, distributed=True, rank=rank, world_size=world, **kw)
 
 
-ALL = [f"a{i}" for i in range(8)] + [f"b{i}" for i in range(6)] + [
-    f"s{s:03d}-{i:04d}" for s, n in enumerate(SIZES) for i in range(n)]  # fmt: skip
+def all_of(shards) -> list:
+    """Every sample of :func:`ranked`'s sources."""
+    third = [f"c{i}" for i in range(6)] if shards is None else [
+        f"s{s:03d}-{i:04d}" for s, n in enumerate(SIZES) for i in range(n)]  # fmt: skip
+    return [f"a{i}" for i in range(8)] + [f"b{i}" for i in range(6)] + third
 
 
-def check_left_once(got: list, world: int) -> None:
+def check_left_once(got: list, world: int, every: list) -> None:
     """Every sample at most once, and of each source fewer than ``world`` left out (the
     drop tail of a split that does not divide)."""
     counts = Counter(got)
     assert max(counts.values()) == 1, [s for s, n in counts.items() if n > 1]
-    missing = Counter(source_of(s) for s in set(ALL) - set(counts))
+    missing = Counter(source_of(s) for s in set(every) - set(counts))
     assert all(n < world for n in missing.values()), missing
-    assert set(counts) <= set(ALL)
+    assert set(counts) <= set(every)
 
 
-def test_ranks_draw_the_same_sources_and_split_each_source(shards):
+def test_ranks_draw_the_same_sources_and_split_each_source(third):
     """Every rank draws the same sequence of sources; each source is split across ranks as
     it is alone (map-style by rows, the shards by the sharded source's rule): every sample
     once in the job."""
-    runs = [flat(epoch(ranked(shards, r, 2), list)) for r in range(2)]
+    runs = [flat(epoch(ranked(third, r, 2), list)) for r in range(2)]
     assert [source_of(s) for s in runs[0]] == [source_of(s) for s in runs[1]]
-    check_exactly_once([runs[0] + runs[1]], ALL)
+    check_exactly_once([runs[0] + runs[1]], all_of(third))
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_two_ranks_resume_at_every_position(shards, placement):
+def test_two_ranks_resume_at_every_position(third, placement):
     """Rank 0's state after k steps continues both ranks (a new loader each) exactly."""
-    reference = [epoch(ranked(shards, r, 2, **placement), list) for r in range(2)]
+    reference = [epoch(ranked(third, r, 2, **placement), list) for r in range(2)]
     points = range(len(reference[0]) + 1) if not placement else (0, 2, len(reference[0]))
     for k in points:
-        first = ranked(shards, 0, 2, **placement)
+        first = ranked(third, 0, 2, **placement)
         it = iter(first)
         for _ in range(k):
             next(it)
         state = json.loads(json.dumps(first.state_dict()))
         it.close()
         for rank in range(2):
-            resumed = ranked(shards, rank, 2, **placement)
+            resumed = ranked(third, rank, 2, **placement)
             resumed.load_state_dict(state)
             assert epoch(resumed, list) == reference[rank][k:], (k, rank)
 
 
-def stopped(shards, world, k, stop="all_exhausted"):
+def stopped(third, world, k, stop="all_exhausted"):
     """Every rank of ``world`` after ``k`` steps: the samples they gave, rank 0's state."""
-    runs = [ranked(shards, r, world, stop) for r in range(world)]
+    runs = [ranked(third, r, world, stop) for r in range(world)]
     its = [iter(run) for run in runs]
     before = [s for it in its for _ in range(k) for s in next(it)]
     state = json.loads(json.dumps(runs[0].state_dict()))
@@ -584,23 +649,164 @@ def stopped(shards, world, k, stop="all_exhausted"):
 
 
 @pytest.mark.parametrize(("old", "new"), [(2, 1), (1, 2)])
-def test_a_resume_at_another_world_size_gives_each_sample_left_once(shards, old, new):
+def test_a_resume_at_another_world_size_gives_each_sample_left_once(third, old, new):
     """All ranks of ``old`` stop after k steps; ``new`` ranks load rank 0's state: what they
     give is what the old ranks had not, each once (fewer than ``new`` of a source left out
     where its remainder does not divide); with ``"never"`` the sources drawn after the cut
     are the uninterrupted run's (the draws do not depend on the world size)."""
-    steps = len(epoch(ranked(shards, 0, old), list))
+    steps = len(epoch(ranked(third, 0, old), list))
     for k in (1, steps // 2, steps - 1):
-        before, state = stopped(shards, old, k)
+        before, state = stopped(third, old, k)
         after = []
         for r in range(new):
-            resumed = ranked(shards, r, new)
+            resumed = ranked(third, r, new)
             resumed.load_state_dict(state)
             after += flat(epoch(resumed, list))
-        check_left_once(before + after, new)
-    before, state = stopped(shards, old, 2, "never")
-    resumed = ranked(shards, 0, new, "never")
+        check_left_once(before + after, new, all_of(third))
+    before, state = stopped(third, old, 2, "never")
+    resumed = ranked(third, 0, new, "never")
     resumed.load_state_dict(state)
-    whole = flat(epoch(ranked(shards, 0, old, "never"), list))
+    whole = flat(epoch(ranked(third, 0, old, "never"), list))
     assert [source_of(s) for s in before[: 2 * BATCH] + flat(epoch(resumed, list))] == [
         source_of(s) for s in whole]  # fmt: skip
+
+
+# -- the map path: a Mix of sync map-style sources, read as a map-style dataset ---------------
+
+
+def keyed(mix) -> list:
+    """What the keys of the Mix's sampler read, read here."""
+    return [mix[key] for key in mix.loader_sampler()]
+
+
+class Batched(Named):
+    """Named with ``__getitems__``, its calls counted."""
+
+    def __init__(self, name: str, n: int) -> None:
+        super().__init__(name, n)
+        self.calls = 0
+
+    def __getitems__(self, indices: list) -> list:
+        self.calls += 1
+        return [self[i] for i in indices]
+
+
+def test_a_mix_of_map_style_sources_is_a_map_style_dataset_of_its_samplers_keys():
+    """Not an IterableDataset (the loader reads it as a map-style dataset); its keys are
+    negative ints that name a source and an index; an index of another sampler is refused."""
+    mix = mapped()
+    assert isinstance(mix, Mix) and not isinstance(mix, IterableDataset)
+    assert source_kind(mix) is SourceKind.MAP and isinstance(mixed(), IterableDataset)
+    keys = list(mix.loader_sampler())
+    assert len(keys) == len(mix) == 16 and max(keys) < 0
+    samples = [f"{name}{index}" for name, index in map(mix.locate, keys)]
+    assert samples == [mix[key] for key in keys] == mix.__getitems__(keys) == drawn(mapped())
+    for bad in (0, 3, True, 1.5, "a0"):
+        with pytest.raises(TypeError, match="loader_sampler"):
+            mix[bad]
+    with pytest.raises(TypeError, match="loader_sampler"):
+        mix.__getitems__([keys[0], 0])
+
+
+@pytest.mark.parametrize("stop", ["all_exhausted", "first_exhausted", "never"])
+def test_the_samplers_keys_read_the_iterations_samples_epoch_after_epoch(stop):
+    """The map path's keys read what iterating the Mix gives (the iterable path), with the
+    same state after it, over epochs (set_epoch; a weight change at the next epoch)."""
+    by_keys, iterated = mapped(stop), mapped(stop)
+    for number in range(3):
+        assert keyed(by_keys) == drawn(iterated), number
+        assert by_keys.state_dict() == iterated.state_dict()
+        if number == 1:
+            for mix in (by_keys, iterated):
+                mix.set_weights({"a": 0, "b": 1, "c": 1})
+        for mix in (by_keys, iterated):
+            mix.set_epoch(number + 1)
+
+
+def test_the_uniforms_are_random_randoms():
+    """The draw rule's uniforms, made by numpy, are those of ``random.Random(key)``."""
+    for key in ("mix:0:0:0", "mix:5:3:17", "mix:-12:0:2", "mix:123456789012345:7:1"):
+        draw = random.Random(key).random
+        assert random_chunk(key).tolist() == [draw() for _ in range(CHUNK)], key
+
+
+@pytest.mark.parametrize("placement", ALL_PLACEMENTS)
+def test_the_loader_reads_a_map_mix_in_order_and_resumes_at_every_position(placement):
+    """The iterable path's samples in its order, for any num_workers, fetch_in_workers
+    too; stopped after any k batches and resumed in a new loader, the same batches follow
+    (with workers: at a few points, in order and not)."""
+    make = lambda **kw: loader(mapped(), **placement | kw)  # noqa: E731
+    check_order(epoch(make(), list), drawn(mapped()))
+    check_order(epoch(make(), list, mode="async"), drawn(mapped()))
+    check_resume(make, None if not placement else (0, 2, 5), key=list)
+    if placement:
+        check_resume(make, (2,), key=list, in_order=False)
+
+
+def test_a_map_mix_state_carries_over_between_placements():
+    """A state saved with two workers resumes without, and with fetch_in_workers (only
+    the Mix's state and the batch count matter)."""
+    make = lambda **kw: loader(mapped(), **kw)  # noqa: E731
+    check_resume(make, (1, 3), key=list, save_with={"num_workers": 2})
+    check_resume(make, (2,), key=list, resume_with=IN_WORKERS)
+
+
+def test_a_resumed_map_mix_starts_where_its_state_says():
+    """The loader saves the Mix's state at the first batch not received and puts the Mix's
+    sampler there on resume (not run through the batches received): a state taken at once
+    is at the position loaded."""
+    first = loader(mapped())
+    state = state_after(first, 3)
+    assert state["dataset_state"]["drawn"] == 3 * BATCH and state["next_batch"] == 3
+    resumed = loader(mapped())
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    again = resumed.state_dict()
+    assert again["next_batch"] == 3 and again["dataset_state"]["drawn"] == 3 * BATCH
+    rest = [next(it)]
+    assert rest[0] == epoch(loader(mapped()), list)[3]
+    assert resumed.stats.sources == received(rest[0], "abc")
+    it.close()
+
+
+def test_a_failing_source_of_a_map_mix_names_source_and_item():
+    made = loader(Mix({"f": Failing("f", 4)}, {"f": 1}, shuffle=False))
+    with pytest.raises(KeyError, match="no item 2") as caught:
+        epoch(made, list)
+    assert any("sources['f'] item 2" in note for note in caught.value.__notes__)
+
+
+def test_a_sources_getitems_reads_its_items_of_a_batch_in_one_call():
+    batched = Batched("a", 7)
+    mix = Mix({"a": batched, "b": Named("b", 5)}, {"a": 1, "b": 1}, seed=5)
+    keys = list(mix.loader_sampler())
+    assert mix.__getitems__(keys[:6]) == [mix[key] for key in keys[:6]]
+    assert batched.calls == 1
+    got = flat(epoch(loader(mix, num_workers=2), list))
+    assert got == drawn(Mix({"a": Named("a", 7), "b": Named("b", 5)}, {"a": 1, "b": 1}, seed=5))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_reads_a_map_mix_through_its_sampler(workers):
+    mix = mapped()
+    made = DataLoader(mix, sampler=mix.loader_sampler(), batch_size=BATCH, collate_fn=list,
+                      num_workers=workers)  # fmt: skip
+    assert flat(made) == drawn(mapped())
+    with pytest.raises(TypeError, match="loader_sampler"):
+        next(iter(DataLoader(mapped(), batch_size=BATCH)))
+
+
+@pytest.mark.parametrize("option", [dict(shuffle=True), dict(sampler=[-1]),
+                                    dict(batch_sampler=[[-1]], batch_size=1)])  # fmt: skip
+def test_a_map_mix_refuses_the_loaders_own_sampling(option):
+    with pytest.raises(ValueError, match=f"{next(iter(option))}= with a dataset that supplies"):
+        AsyncLoader(mapped(), **option)
+
+
+def test_a_map_mix_inside_a_mix_is_read_as_an_iterable():
+    """A Mix among a Mix's sources is iterated (its own order), not indexed."""
+    outer = Mix({"inner": mapped(), "d": Named("d", 3)}, {"inner": 3, "d": 1}, seed=2)
+    assert isinstance(outer, IterableDataset)
+    out = drawn(outer)
+    assert [s for s in out if s[0] != "d"] == drawn(mapped())
+    assert sorted(s for s in out if s[0] == "d") == ["d0", "d1", "d2"]

@@ -16,25 +16,38 @@ from asyncloader.sources._mix.sources import Member
 
 
 def any_async(sources: Any) -> bool:
+    """Some source is async (checked by ``__init__``: False where ``sources`` is bad)."""
+    return any(m.is_async for m in _members(sources))
+
+
+def all_sync_map(sources: Any) -> bool:
+    """Every source is sync map-style (and ``sources`` good enough to say)."""
+    members = _members(sources)
+    return bool(members) and all(m.is_map and not m.is_async for m in members)
+
+
+def _members(sources: Any) -> list[Member]:
     if not isinstance(sources, Mapping):
-        return False
+        return []
     try:
-        return any(Member(str(n), s, 0, False).is_async for n, s in sources.items())
+        return [Member(str(n), s, 0, False) for n, s in sources.items()]
     except TypeError:
-        return False  # __init__ says what is wrong
+        return []  # __init__ says what is wrong
 
 
 def refuse_copies() -> None:
     """Raises ValueError where a Mix would be iterated in copies, each drawing its own mix:
-    an asyncloader worker (``fetch_in_workers=True``), or one of several DataLoader
-    workers."""
+    an asyncloader worker (``fetch_in_workers=True`` with an iterable or async source), or
+    one of several DataLoader workers. (A Mix of sync map-style sources only is read as a
+    map-style dataset: its sampler draws, the workers read.)"""
     if get_worker_info() is not None:
         raise ValueError(
-            "a Mix is iterated in one place, where its draws are made: with "
-            "fetch_in_workers=True every worker would iterate its own copy and draw its own "
-            "mix. Use fetch_in_workers=False: the Mix is then iterated in the training "
-            "process (async map-style sources `concurrency` at a time) and transform and "
-            "collate still run in the workers"
+            "a Mix with an iterable or async source is iterated in one place, where its "
+            "draws are made: with fetch_in_workers=True every worker would iterate its own "
+            "copy and draw its own mix. Use fetch_in_workers=False: the Mix is then iterated "
+            "in the training process (async map-style sources `concurrency` at a time) and "
+            "transform and collate still run in the workers (a Mix of sync map-style "
+            "sources only works with fetch_in_workers=True)"
         )
     info = torch.utils.data.get_worker_info()
     if info is not None and info.num_workers > 1:

@@ -15,7 +15,8 @@ A map-style source's own order, and its share on this rank, are :mod:`.order`'s.
 
 from __future__ import annotations
 
-import random
+import hashlib
+import threading
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,10 +62,28 @@ class Uniforms:
     def _chunk_of(self, position: int) -> np.ndarray:
         chunk = position // CHUNK
         if chunk != self._chunk:
-            draw = random.Random(f"{self._key}:{chunk}").random
-            self._values = np.array([draw() for _ in range(CHUNK)])
+            self._values = random_chunk(f"{self._key}:{chunk}")
             self._chunk = chunk
         return self._values
+
+
+_STREAMS = threading.local()  # a numpy MT19937 per thread, seeded anew for each chunk
+
+
+def random_chunk(key: str) -> np.ndarray:
+    """The first ``CHUNK`` ``random()`` of ``random.Random(key)``, made at once: CPython
+    seeds its Mersenne Twister from a str by ``init_by_array`` over the 32-bit words (least
+    significant first) of the int of ``key`` and its SHA-512, and makes each double from two
+    outputs, as numpy's ``RandomState`` (whose stream numpy keeps frozen) does once seeded
+    with the same words; tests/sources/test_mix.py checks the two agree."""
+    stream = getattr(_STREAMS, "stream", None)
+    if stream is None:
+        stream = _STREAMS.stream = np.random.RandomState()
+    raw = key.encode()
+    whole = int.from_bytes(raw + hashlib.sha512(raw).digest(), "big")
+    words = whole.to_bytes(max(1, (whole.bit_length() + 31) // 32) * 4, "little")
+    stream.seed(np.frombuffer(words, dtype="<u4"))
+    return stream.random_sample(CHUNK)
 
 
 class Picker:

@@ -5,18 +5,25 @@ that depend on (seed, epoch, position) only (:mod:`.draw`); the k-th draw of a s
 takes that source's k-th sample in its own order. So the mix depends on the seed and the
 epoch, never on ``num_workers``, ranks or timing, and its state (:mod:`.pack`) is
 positions: each source's place and the draws made.
+
+Three classes, chosen by ``Mix(...)`` from its sources: every source sync map-style, a
+map-style dataset whose sampler makes the draws (:mod:`.keys`: only keys leave the
+training process); an async source, an async iterable; otherwise a sync
+``IterableDataset``. Each is a :class:`Mix`.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import Dataset, IterableDataset
 
 from asyncloader._base.ranks import check_ranks, resolve_ranks
 from asyncloader.sources._mix.ahead import AheadSamples, AsyncRun
 from asyncloader.sources._mix.check import (
+    all_sync_map,
     any_async,
     check_int,
     check_sources,
@@ -26,6 +33,7 @@ from asyncloader.sources._mix.check import (
 )
 from asyncloader.sources._mix.draw import Layout
 from asyncloader.sources._mix.epochs import Tally, advance, replay
+from asyncloader.sources._mix.keys import MixSampler, bad_key, decode, shift_of
 from asyncloader.sources._mix.pack import pack, unpack
 from asyncloader.sources._mix.run import Run
 from asyncloader.sources._mix.sources import Member, share_of
@@ -42,7 +50,7 @@ from asyncloader.sources._mix.state import (
 from asyncloader.sources._mix.sync import SyncRun, sync_samples
 
 
-class Mix(IterableDataset):
+class Mix(Dataset):
     """Samples drawn from several sources, each draw picking a source by weight.
 
     Args:
@@ -71,16 +79,27 @@ class Mix(IterableDataset):
     ``set_rank``/``set_epoch`` are passed on). Call :meth:`set_epoch` before each epoch
     (``AsyncLoader(distributed=True)`` does). :meth:`state_dict` holds each source's
     position and the draws made; a resume continues the mix exactly, also at another world
-    size where the sources can move (map-style ones, ``ShardedSource``). Iterated in one
-    place only: with ``fetch_in_workers=True`` each worker would iterate a copy, and
-    iterating one there raises ValueError. :attr:`counts` are the samples drawn per source,
-    ahead of the consumer; ``loader.stats.sources`` those received (see :meth:`counts_at`).
+    size where the sources can move (map-style ones, ``ShardedSource``). :attr:`counts` are
+    the samples drawn per source, ahead of the consumer; ``loader.stats.sources`` those
+    received (see :meth:`counts_at`).
+
+    Where it runs. Every source sync map-style: the Mix is a map-style dataset (not an
+    ``IterableDataset``) whose :meth:`loader_sampler` makes the draws and yields keys
+    ``(source number, index)`` (sources numbered in sorted-name order); ``mix[key]`` reads
+    ``sources[name][index]``. The loader iterates that sampler on its event loop and reads
+    the samples where it reads any map-style dataset's (the workers, ``fetch_in_workers``
+    included); ``DataLoader(mix, sampler=mix.loader_sampler())`` works too. ``iter(mix)``
+    still gives the same samples, read here. Otherwise (an iterable or an async source) the
+    Mix is an iterable (``async for`` with an async source), iterated in one place: with
+    ``fetch_in_workers=True`` each worker would iterate a copy, and iterating one there
+    raises ValueError.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Mix:
         sources = args[0] if args else kwargs.get("sources")
-        if cls is Mix and any_async(sources):
-            cls = _AsyncMix
+        if cls is Mix:
+            cls = _AsyncMix if any_async(sources) else _IterableMix
+            cls = _MapMix if all_sync_map(sources) else cls
         return super().__new__(cls)
 
     def __init__(
@@ -355,7 +374,89 @@ class Mix(IterableDataset):
         return f"Mix({{{inner}}}, weights={self.weights}, stop={self._setup.stop!r})"
 
 
-class _AsyncMix(Mix):
+class _MapMix(Mix):
+    """A Mix of sync map-style sources only: a map-style dataset whose keys (negative ints,
+    see :mod:`.keys`) its sampler (:meth:`loader_sampler`) draws."""
+
+    def loader_sampler(self) -> MixSampler:
+        """The loader's protocol (``AsyncLoader`` iterates this instead of a sampler of its
+        own): the keys of each epoch, drawn where it is iterated, this rank's share. Each
+        ``iter()`` is an iteration of this Mix; :meth:`state_dict` says where it stands."""
+        return MixSampler(self)
+
+    def locate(self, key: int) -> tuple[str, int]:
+        """``(source name, index)`` that ``key`` (one of :meth:`loader_sampler`'s) reads.
+
+        Raises:
+            TypeError: ``key`` is not such a key.
+        """
+        number, index = decode(key, shift_of(len(self._members)))
+        return self._setup.names[number], index
+
+    def __getitem__(self, key: int) -> Any:
+        """``sources[name][index]`` for a key of :meth:`loader_sampler`'s (:meth:`locate`).
+
+        Raises:
+            TypeError: ``key`` is not such a key (an index of another sampler, say).
+        """
+        number, index = decode(key, shift_of(len(self._members)))
+        try:
+            return self._members[number].source[index]
+        except Exception as exc:
+            self._note(exc, number, index)
+            raise
+
+    def __getitems__(self, keys: Sequence[int]) -> list[Any]:
+        """The samples of ``keys``, in one call (DataLoader's batch read, and the loader's);
+        a source with a ``__getitems__`` of its own reads its items in one call too."""
+        shift = shift_of(len(self._members))
+        if keys and max(keys) >= 0:
+            raise bad_key(max(keys))
+        if any(m.getitems is not None for m in self._members):
+            return self._grouped(keys, shift)
+        getters, mask, out = [m.source.__getitem__ for m in self._members], (1 << shift) - 1, []
+        append = out.append
+        try:
+            for x in map(operator.invert, keys):
+                append(getters[x & mask](x >> shift))
+        except Exception as exc:
+            self._note(exc, *decode(keys[len(out)], shift))
+            raise
+        return out
+
+    def _grouped(self, keys: Sequence[int], shift: int) -> list[Any]:
+        """:meth:`__getitems__` a source at a time: each source's items in one call of its
+        ``__getitems__`` (or one at a time), put back in the order of ``keys``."""
+        places: dict[int, list[int]] = {}
+        for at, key in enumerate(keys):
+            places.setdefault(decode(key, shift)[0], []).append(at)
+        out: list[Any] = [None] * len(keys)
+        for number, where in places.items():
+            member, items = self._members[number], [~keys[at] >> shift for at in where]
+            try:
+                got = (
+                    member.getitems(items)
+                    if member.getitems
+                    else list(map(member.source.__getitem__, items))
+                )
+            except Exception as exc:
+                self._note(exc, number, None)
+                raise
+            for at, sample in zip(where, got, strict=True):
+                out[at] = sample
+        return out
+
+    def _note(self, exc: BaseException, number: int, index: int | None) -> None:
+        what = f" item {index}" if index is not None else ""
+        exc.add_note(f"asyncloader.sources.Mix: sources[{self._setup.names[number]!r}]{what}")
+
+
+class _IterableMix(Mix, IterableDataset):
+    """A Mix with a sync iterable source: a sync ``IterableDataset``, which the loader pulls
+    in the training process."""
+
+
+class _AsyncMix(_IterableMix):
     """A Mix with an async source: an async iterable (``async for``), which the loader
     iterates on its event loop."""
 

@@ -49,9 +49,9 @@ class Run:
         )  # fmt: skip
         self.iterators: dict[int, Any] = {}
         self.final: dict[str, Any] | None = None  # the place at the epoch's end
-        # samples being handed out ahead of the cursor: their sources, and an iterator of
-        # what is left of them (see .sync.sync_samples)
-        self.segment: tuple[list[int], Iterator[Any]] | None = None
+        # samples being handed out ahead of the cursor: their sources (a list, or an int64
+        # array), and an iterator of what is left of them (see .sync.sync_samples)
+        self.segment: tuple[Any, Iterator[Any]] | None = None
         self.base = encode(began)  # the packed state's base (see .state)
         self.start_own = owns(began)[1]
         self.iterable = [i for i, m in enumerate(self.members) if not m.is_map]
@@ -105,23 +105,29 @@ class Run:
 
     def block(self, c: Cursor, size: int) -> tuple[list[int], list[Any], bool]:
         """The next draws from cursor ``c``: ``(sources, items, by_rule)``, an item for each
-        map-style draw (None or -1 for an iterable's). Up to ``size`` draws in which no source
+        map-style draw (-1 for an iterable's). Up to ``size`` draws in which no source
         runs out (``c`` unchanged: the caller counts them as they go out), else the next one
         by the whole rule (``by_rule``: its stop rule already applied to ``c``); no draws
         once the epoch is over."""
+        picks, items, by_rule = self.block_arrays(c, size)
+        return picks.tolist(), items.tolist(), by_rule
+
+    def block_arrays(self, c: Cursor, size: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """:meth:`block`, as two int64 arrays."""
         picks = self.draws.run(c, size)
         if not len(picks):
             i = self.draws.pick(c)
             if i is None:
-                return [], [], True
-            return [i], [self.index(i, c) if self.members[i].is_map else None], True
+                return picks, picks, True
+            item = self.index(i, c) if self.members[i].is_map else -1
+            return np.array([i], dtype=np.int64), np.array([item], dtype=np.int64), True
         items = np.full(len(picks), -1, dtype=np.int64)  # -1: an iterable's draw
         for i in np.flatnonzero(np.bincount(picks)).tolist():
             if self.members[i].is_map:
                 order = self.members[i].order(c.epochs[i], c.cuts[i], self.layout)
                 where = picks == i
                 items[where] = order.items(c.taken[i], c.taken[i] + int(where.sum()))
-        return picks.tolist(), items.tolist(), False
+        return picks, items, False
 
     def note(self, exc: BaseException, i: int, item: Any, ahead: int = 0) -> None:
         """Names in ``exc`` the source, item and draw that failed (``ahead`` draws after
@@ -173,11 +179,16 @@ class Run:
         self.final = self.full()
 
 
-def took(c: Cursor, picks: list[int]) -> None:
-    """Counts in ``c`` the draws of ``picks``, handed out."""
+def took(c: Cursor, picks: list[int] | np.ndarray) -> None:
+    """Counts in ``c`` the draws of ``picks`` (a list, or an int64 array), handed out."""
     taken, counts = c.taken, c.counts
-    drawn = enumerate(map(picks.count, range(len(taken)))) if len(taken) <= 16 else None
-    for i, n in drawn or Counter(picks).items():
+    if isinstance(picks, np.ndarray):
+        drawn: Any = enumerate(np.bincount(picks, minlength=len(taken)).tolist())
+    elif len(taken) <= 16:
+        drawn = enumerate(map(picks.count, range(len(taken))))
+    else:
+        drawn = Counter(picks).items()
+    for i, n in drawn:
         taken[i] += n
         counts[i] += n
     c.position += len(picks)

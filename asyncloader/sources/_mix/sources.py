@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from asyncloader._base.kinds import SourceKind, source_kind
+from asyncloader._base.kinds import SourceKind, has_getitems, source_kind, supplies_sampler
 from asyncloader._base.source_state import open_iterator, restore_dataset
 from asyncloader.sources._mix.draw import Layout, MemberCut
 from asyncloader.sources._mix.order import Order, rank_order, share_len
@@ -37,6 +37,8 @@ class Member:
     def __init__(self, name: str, source: Any, seed: int, shuffle: bool) -> None:
         try:
             kind = source_kind(source)
+            if supplies_sampler(source):  # a Mix in a Mix: iterated, in its own order
+                kind = SourceKind.ITERABLE
         except TypeError:
             raise TypeError(
                 f"sources[{name!r}] must be map-style (__getitem__ and __len__, sync or "
@@ -47,6 +49,10 @@ class Member:
         self.name, self.source, self.kind = name, source, kind
         self.is_map = kind.is_map
         self.is_async = kind in (SourceKind.ASYNC_MAP, SourceKind.ASYNC_ITERABLE)
+        #: A sync map-style source's own ``__getitems__`` (a batch in one call), or None.
+        self.getitems = (
+            source.__getitems__ if kind is SourceKind.MAP and has_getitems(source) else None
+        )
         self._seed, self._shuffle = seed, shuffle
         self._n: int | None = None
         self._orders: list[tuple[tuple[int, int, Layout], Order]] = []
@@ -68,6 +74,10 @@ class Member:
                                  cuts, layout))  # fmt: skip
         self._orders = [*self._orders[-1:], (key, order)]
         return order
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (a worker's) keeps no orders: they are made again where they are needed."""
+        return {**self.__dict__, "_orders": []}
 
     def tell_epoch(self, epoch: int) -> Callable[[], None] | None:
         """What tells an iterable source its epoch, or None when it has no ``set_epoch``."""
