@@ -53,12 +53,20 @@ def forks(ctx: Any) -> bool:
 
 
 def prestart(num_workers: int, mp_context: Any) -> None:
-    """Starts the fork server now (without waiting for its imports) when this loader's workers
-    will start through it, so the first epoch does not wait for it."""
-    if not num_workers or sys.platform != "linux":
+    """Readies, when the loader is built, what its workers start from, so that its first
+    ``iter()`` does not wait for it: for forked workers the imports they inherit
+    (:func:`warm_for_fork`); the fork server (started, its imports not waited for) when
+    they start through it."""
+    if not num_workers:
         return
     ctx = mp_context or default_mp_context()
-    if ctx.get_start_method() == "forkserver" and unguarded_main_line() is None:
+    if forks(ctx):
+        warm_for_fork()
+    elif (
+        sys.platform == "linux"
+        and ctx.get_start_method() == "forkserver"
+        and unguarded_main_line() is None
+    ):
         start_fork_server()
 
 
