@@ -286,7 +286,14 @@ def _run_paths(secrets: Secrets, servers: Servers, workers: int) -> list[tuple[s
     found: list[tuple[str, list[str]]] = []
     source = _source(secrets, servers)
     order = [0]
-    opts = {"num_workers": workers, "fetch_in_workers": workers > 0, "collate_fn": list}
+    # timeout: a batch that never comes fails the example, its workers reaped, rather than
+    # hanging until pytest-timeout interrupts it and leaves them to the tests after.
+    opts = {
+        "num_workers": workers,
+        "fetch_in_workers": workers > 0,
+        "collate_fn": list,
+        "timeout": 60,
+    }
     loader = AsyncLoader(source, sampler=order, persistent_workers=workers > 0, **opts)
     with contextlib.closing(loader):
         for i, path in enumerate(PATHS):
