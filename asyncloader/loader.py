@@ -617,6 +617,8 @@ class AsyncLoader(Generic[T_co]):
         """
         for it in list(self._iterators):
             it.close()
+        for epoch in list(self._epochs):  # an async epoch never iterated: its workers
+            epoch.abandon()
         _release(self._workers, self._loop_thread)
 
     async def aclose(self) -> None:
@@ -628,6 +630,8 @@ class AsyncLoader(Generic[T_co]):
                 await epoch.aclose()
         for it in list(self._iterators):
             await run_in_thread(it.close, "asyncloader-reaper")
+        for epoch in list(self._epochs):  # an async epoch never iterated: its workers
+            await run_in_thread(epoch.abandon, "asyncloader-reaper")
         await run_in_thread(
             lambda: _release(self._workers, self._loop_thread), "asyncloader-reaper"
         )

@@ -1,5 +1,6 @@
 """Shutdown: break, close, an exception or GC leaves no worker process and no loader thread."""
 
+import asyncio
 import gc
 import time
 import warnings
@@ -7,6 +8,7 @@ import warnings
 import pytest
 
 from asyncloader import AsyncLoader
+from asyncloader._pipeline.sync_iterator import LoopThread
 from tests.helpers import (
     AsyncSource,
     FailingSource,
@@ -99,6 +101,74 @@ async def test_async_iterator_aclose_joins_everything(clean):
     await it.aclose()
     with pytest.raises(StopAsyncIteration):
         await anext(it)
+
+
+PLACEMENTS = [
+    pytest.param({}, id="transforming"),
+    pytest.param({"fetch_in_workers": True}, id="fetching"),
+]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_an_iterator_closed_before_its_first_batch_reaps_the_workers_forked_at_iter(
+    clean, placement
+):
+    """iter() forks the workers; closing the iterator at once (before the epoch's pump has
+    begun, or after), or after state_dict(), leaves none: the epoch closes its unused pool."""
+    loader = AsyncLoader(SyncSource(64), batch_size=4, num_workers=2, **placement)
+    for cycle in range(20):
+        it = iter(loader)
+        if cycle % 2:
+            loader.state_dict()
+        it.close()
+        assert not worker_processes(), f"cycle {cycle}: workers left after close()"
+    loader.close()
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("end", ["drop", "aclose", "loader.close", "loader.aclose"])
+@pytest.mark.asyncio
+async def test_an_async_iterator_never_iterated_reaps_the_workers_forked_at_aiter(
+    clean, placement, end
+):
+    """aiter() forks the workers; an iterator dropped or closed before its first batch, or
+    its loader closed, shuts them down."""
+    loader = AsyncLoader(SyncSource(64), batch_size=4, num_workers=2, **placement)
+    it = aiter(loader)
+    assert len(worker_processes()) == 2, "aiter() forks the workers"
+    if end == "drop":
+        del it
+        gc.collect()
+    elif end == "aclose":
+        await it.aclose()
+    elif end == "loader.close":
+        loader.close()
+    else:
+        await loader.aclose()
+    assert not worker_processes(), f"workers left after {end}"
+    loader.close()
+
+
+def test_a_job_cancelled_before_it_began_still_runs_its_finally():
+    """The pump's ``finally`` (which closes the epoch and ends the stream) runs however
+    early its Job is cancelled: at once, from the consumer's thread."""
+    loop_thread = LoopThread()
+    ran = []
+
+    async def body():
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ran.append(True)
+
+    try:
+        for _ in range(50):
+            job = loop_thread.run(body())
+            job.cancel()
+            assert job.done.wait(10), "the cancelled job never finished"
+        assert len(ran) == 50, f"the finally ran {len(ran)} times of 50"
+    finally:
+        loop_thread.stop()
 
 
 def test_persistent_workers_survive_epochs_and_close_stops_them(clean):

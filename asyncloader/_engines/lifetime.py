@@ -18,7 +18,7 @@ import threading
 import warnings
 from typing import Any
 
-from asyncloader._base.threads import loops_parked, run_in_thread
+from asyncloader._base.threads import finalize_here, loops_parked, run_in_thread
 from asyncloader._config.options import Options
 from asyncloader._engines.fetching_workers import WorkerGroup
 from asyncloader._engines.local_pool import ProcessPool
@@ -49,6 +49,9 @@ class WorkerLease:
         #: ``iterator._workers``; ``ready`` is set then, or once it failed or was left.
         self.processes: list[Any] = []
         self.ready = threading.Event()
+        # An epoch dropped before it entered its lease (closed at once, or never iterated)
+        # still shuts the pool it owns, at the latest when the lease is collected.
+        self._finalizer = finalize_here(self, pool.shutdown) if owned else None
         if started:
             self._settled(pool if failure is None else None)
 
@@ -74,10 +77,24 @@ class WorkerLease:
     async def __aexit__(self, *exc_info: object) -> None:
         # An epoch-owned pool's queues and locks are named semaphores in /dev/shm while
         # referenced: let them go with the epoch, not with the loader.
+        pool = self._leave()
+        if pool is not None:
+            await run_in_thread(pool.shutdown, "asyncloader-reaper")
+
+    def abandon(self) -> None:
+        """Shuts down the owned pool of a lease never entered (its epoch never started);
+        idempotent, and a no-op once the lease was entered and left."""
+        pool = self._leave()
+        if pool is not None:
+            pool.shutdown()
+
+    def _leave(self) -> Pool | None:
+        """Ends the lease once: the pool to shut down, when the epoch owned it."""
         pool, self._pool = self._pool, None
         self.ready.set()
-        if pool is not None and self._owned:
-            await run_in_thread(pool.shutdown, "asyncloader-reaper")
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        return pool if self._owned else None
 
 
 class Workers:

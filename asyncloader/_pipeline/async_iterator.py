@@ -31,7 +31,8 @@ class AsyncIterator:
         self._timeout = timeout or None
         self._started = False
         self._done = False
-        self._finalizer: weakref.finalize | None = None
+        # Until it starts, dropping the iterator shuts down the workers forked at aiter().
+        self._finalizer: weakref.finalize | None = finalize_here(self, epoch.abandon)
         self._closing: asyncio.Future[None] | None = None  # a close begun by a timeout
 
     def __aiter__(self) -> AsyncIterator:
@@ -50,6 +51,8 @@ class AsyncIterator:
             raise StopAsyncIteration
         if not self._started:
             self._started = True
+            if self._finalizer is not None:
+                self._finalizer.detach()
             task = self._epoch.start()
             loop = asyncio.get_running_loop()
             self._finalizer = finalize_here(self, _cancel_threadsafe, loop, task)

@@ -351,16 +351,25 @@ class Epoch:
         return counts_between(self._options.dataset, first[1], now)
 
     async def aclose(self) -> None:
-        """Cancels the stage tasks and waits until threads and processes are joined."""
+        """Cancels the stage tasks and waits until threads and processes are joined, the
+        workers forked at ``iter()`` too when the epoch was closed before it used them."""
         task = self._task
-        if task is None:
-            return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            if not task.cancelled():
-                raise
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise
+        if self._lease is not None:  # a no-op once the stages entered and left it
+            await self._lease.__aexit__()
+
+    def abandon(self) -> None:
+        """Shuts down the workers of an epoch that never started (an ``async for`` iterator
+        dropped or closed before its first batch was asked for). Blocking; a no-op once it
+        has started (:meth:`aclose` closes it then)."""
+        if self._task is None and self._lease is not None:
+            self._lease.abandon()
 
     # -- producer side -------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import queue
 import threading
 from collections.abc import Callable, Coroutine
@@ -36,7 +37,8 @@ _ITEM, _END, _ERROR = 0, 1, 2
 
 class Job:
     """A coroutine run as a task on another thread's loop; cancellable and awaitable from any
-    thread. ``done`` is set once the task has finished, also when cancelled before it ran."""
+    thread. ``done`` is set once the task has finished. The coroutine always begins, also
+    when cancelled at once, so its ``finally`` always runs."""
 
     def __init__(
         self,
@@ -45,6 +47,7 @@ class Job:
         on_done: Callable[[], None] | None = None,
     ) -> None:
         self.loop = loop
+        self._coro = coro
         self.done = threading.Event()
         self._on_done = on_done
         self._task: asyncio.Task[None] | None = None
@@ -55,7 +58,7 @@ class Job:
         self._task = self.loop.create_task(coro, name="asyncloader-pump")
         self._task.add_done_callback(self._finished)
         if self._cancelled:
-            self._task.cancel()
+            self._cancel_here()
 
     def _finished(self, _: asyncio.Task[None]) -> None:
         if self._on_done is not None:
@@ -63,8 +66,14 @@ class Job:
         self.done.set()
 
     def _cancel_here(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        if self._task is None:
+            return
+        if inspect.getcoroutinestate(self._coro) == inspect.CORO_CREATED:
+            # A task cancelled before its first step never runs its coroutine, whose
+            # ``finally`` is what closes the epoch: cancel once it has begun.
+            self.loop.call_soon(self._cancel_here)
+            return
+        self._task.cancel()
 
     def cancel(self) -> None:
         """Asks the task to stop (it may still be finishing when this returns)."""
