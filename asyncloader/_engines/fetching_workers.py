@@ -119,13 +119,24 @@ class WorkerGroup(Channels):
             WorkerCrashedError: A worker died while starting.
         """
         if self._init_failures is None:
-            with launching or nullcontext():
-                self._launch()
+            self.launch(launching)
             self._init_failures = [self._ready(i) for i in range(self.num_workers)]
             self._listen()
         for failure in self._init_failures:
             if failure is not None:
                 failure.reraise()
+
+    def launch(self, launching: AbstractContextManager[Any] | None = None) -> None:
+        """Starts every worker process now, without waiting for their ``worker_init_fn``
+        (:meth:`start` waits). Once.
+
+        Args:
+            launching: Entered around the process starts alone (see
+                :func:`asyncloader._base.threads.loops_parked`).
+        """
+        if not self._procs:
+            with launching or nullcontext():
+                self._launch()
 
     def _launch(self) -> None:
         for spec in self._specs:

@@ -134,12 +134,14 @@ class Workers:
             return WorkerLease(pool, owned, started=False)
         warm_for_fork()
         try:
-            pool.start(loops_parked())
+            pool.launch(loops_parked())
         except Exception as exc:
             if owned:
                 pool.shutdown()
             return WorkerLease(pool, owned, started=True, failure=exc)
-        return WorkerLease(pool, owned, started=True)
+        # Forked now; their worker_init_fn is waited for on entry, while the epoch's first
+        # indices are drawn here (as DataLoader's workers start while its sampler does).
+        return WorkerLease(pool, owned, started=False)
 
     def _pool_for(self, options: Options, base_seed: int, ctx: Any) -> tuple[Pool, bool]:
         """A new pool owned by the epoch, or the persistent one (replaced when broken or of

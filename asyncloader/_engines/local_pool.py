@@ -113,21 +113,33 @@ class ProcessPool:
                 options.worker_init_fn,
             ),
         )
+        self._starting: list[Future[Any]] | None = None  # each worker's start, once launched
         self._closed = False
         self._close_lock = threading.Lock()
         _live.add(self)
         before_exit(_shut_down_live)
         self._processes: dict[int, Any] = {}
 
-    def start(self, launching: AbstractContextManager[Any] | None = None) -> None:
-        """Spawns every worker now (blocking), so the first batches do not wait on serial spawns.
+    def launch(self, launching: AbstractContextManager[Any] | None = None) -> None:
+        """Starts every worker process now, without waiting for their ``worker_init_fn``
+        (:meth:`start` waits), so that the epoch's first indices are drawn meanwhile. Once.
 
         A non-fork executor spawns one process per submit that finds no idle worker, so as many
         submits as workers start them all; a forking one forks them all at the first submit.
 
         Args:
-            launching: Entered around the process starts alone, not the wait for their
-                ``worker_init_fn`` (see :func:`asyncloader._base.threads.loops_parked`).
+            launching: Entered around the process starts alone (see
+                :func:`asyncloader._base.threads.loops_parked`).
+        """
+        if self._starting is None:
+            with launching or nullcontext():
+                self._starting = [
+                    self.executor.submit(init_failure) for _ in range(self.num_workers)
+                ]
+
+    def start(self, launching: AbstractContextManager[Any] | None = None) -> None:
+        """:meth:`launch`, then waits until every worker has run its ``worker_init_fn``
+        (blocking), so the first batches do not wait on serial spawns.
 
         Raises:
             Exception: The user's own exception, when a worker's ``worker_init_fn`` raised
@@ -135,8 +147,8 @@ class ProcessPool:
             WorkerCrashedError: A worker died while starting.
         """
         try:
-            with launching or nullcontext():
-                futures = [self.executor.submit(init_failure) for _ in range(self.num_workers)]
+            self.launch(launching)
+            futures = self._starting or []
             failures = [f for f in (future.result() for future in futures) if f is not None]
         except BrokenProcessPool as exc:
             raise WorkerCrashedError(
