@@ -25,7 +25,15 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from asyncloader._engines.requests import Requests
-from asyncloader._worker.protocol import STOP, Keyed, NextOfStream, Request, RunBatch, batch_of
+from asyncloader._worker.protocol import (
+    STOP,
+    Keyed,
+    NextOfStream,
+    Request,
+    RunBatch,
+    batch_of,
+    read_answer,
+)
 
 _tokens = itertools.count()
 _keys = itertools.count()
@@ -138,8 +146,9 @@ class Channels(Requests):
     def _receive(self) -> None:
         """Runs until every worker's connection closed and every sentinel fired.
 
-        One selector for the thread's life (``multiprocessing.connection.wait`` builds one per
-        call), and a ready connection is drained before waiting again.
+        One selector for the thread's life (``multiprocessing.connection.wait``, and so a
+        connection's ``poll()``, builds one per call): one answer is taken per readiness, and
+        a dead worker's connection is drained of what it sent before it died.
         """
         with selectors.DefaultSelector() as selector:
             sentinels = {}
@@ -153,7 +162,7 @@ class Channels(Requests):
                 for key, _ in selector.select():
                     i, conn = key.data
                     if conn is not None:
-                        if i in listening and not self._drain(i, conn):
+                        if i in listening and not self._take(i, conn):
                             selector.unregister(conn)
                             listening.discard(i)
                             if sentinels[i] is None:
@@ -178,12 +187,11 @@ class Channels(Requests):
     def _take(self, i: int, conn: Any) -> bool:
         """Receives one answer from worker ``i``; ``False`` when its connection is closed.
 
-        An answer is a header naming its request, then the pickled result: a result that
-        cannot be rebuilt here (its shared memory gone, say) fails its own request only.
+        An answer is its request's key, then the pickled result: a result that cannot be
+        rebuilt here (its shared memory gone, say) fails its own request only.
         """
         try:
-            key = conn.recv().key
-            payload = conn.recv_bytes()
+            key, payload = read_answer(conn.recv_bytes())
         except (EOFError, OSError):
             return False
         try:

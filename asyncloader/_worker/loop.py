@@ -23,7 +23,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Coroutine, Sequence
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from asyncloader._base.failure import Failure
@@ -40,7 +39,6 @@ from asyncloader._worker.protocol import (
     LOST,
     STOP,
     SUPERSEDED,
-    Done,
     Ended,
     Keyed,
     NextOfStream,
@@ -51,6 +49,7 @@ from asyncloader._worker.protocol import (
     StreamOpen,
     WorkerConfig,
     WorkerSpec,
+    answer_bytes,
     batch_of,
 )
 from asyncloader._worker.startup import init_failure, setup_worker
@@ -334,7 +333,8 @@ def serve_on(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -
     machine, on a thread of its own: :mod:`asyncloader._engines.ray.sockets`).
 
     The messages are :mod:`asyncloader._worker.protocol`'s: :class:`Ready` once, then a
-    :class:`Done` and the pickled result for each :class:`Keyed` request, until :data:`STOP`.
+    one answer (:func:`~asyncloader._worker.protocol.answer_bytes`) for each :class:`Keyed`
+    request, until :data:`STOP`.
     A closed connection is a stop.
     """
     conn.send(Ready(init_failure()))
@@ -365,17 +365,14 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
 
     def reply(key: int, request: Request, result: Any) -> None:
         try:
-            payload = ForkingPickler.dumps(result)
+            payload = answer_bytes(key, result)
         except Exception as exc:  # the result does not pickle: say so in its place
             indices = result[0] if type(result) is tuple else getattr(request, "indices", ())
             seq = batch_of(request)
             failure = Failure.capture(exc, "send", -1 if seq is None else seq, indices)
-            payload = ForkingPickler.dumps(failure)
-        try:
-            conn.send(Done(key))
+            payload = answer_bytes(key, failure)
+        with contextlib.suppress(OSError):  # the training process stopped listening
             conn.send_bytes(payload)
-        except OSError:
-            pass  # the training process stopped listening
 
     async def answer(key: int, request: Request) -> None:
         try:

@@ -5,22 +5,41 @@ it answers at the iteration's end.
 
 Over a pipe or a socket (:func:`asyncloader._worker.loop.serve_on`), the worker first sends
 :class:`Ready`; the training process sends :class:`Keyed` requests and finally :data:`STOP`;
-the worker answers each request with :class:`Done`, then the pickled result as bytes. A Ray
-actor takes ``(number, request)`` pairs in its calls instead.
+the worker answers each request with one message of bytes: the request's key
+(:func:`answer_bytes`), then the pickled result. A Ray actor takes ``(number, request)``
+pairs in its calls instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import io
 from collections.abc import Sequence
-from typing import Any
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, TypeVar
 
 from asyncloader._base.kinds import SourceKind
 from asyncloader._worker.plan import BatchPlan
 
+_T = TypeVar("_T")
 
-@dataclasses.dataclass(frozen=True, slots=True)
+
+def _message(cls: type[_T]) -> type[_T]:
+    """A frozen, slotted dataclass that pickles as its class and its fields' values: one or
+    more go over a pipe with every batch, and a slotted dataclass's own ``__getstate__``
+    looks its fields up anew each time."""
+    made = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    names = tuple(field.name for field in dataclasses.fields(made))
+
+    def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
+        return made, tuple(getattr(self, name) for name in names)
+
+    made.__reduce__ = __reduce__  # type: ignore[method-assign,assignment]
+    return made
+
+
+@_message
 class Ended:
     """What :meth:`WorkerCore.next_stream` answers once the worker's iteration has ended,
     with the source's own state then (``None`` when it keeps none): a dataset that counts
@@ -37,7 +56,7 @@ LOST = "lost"
 SUPERSEDED = "superseded"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class WorkerConfig:
     """What every worker of a loader needs besides its plan (from the loader's options)."""
 
@@ -50,7 +69,7 @@ class WorkerConfig:
     io_budget: int | None = None  # io_concurrency="auto": this worker's memory_budget share
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class WorkerSpec:
     """Everything one fetching worker is started with (sent once, at its start)."""
 
@@ -76,7 +95,7 @@ class StreamOpen:
     resumed: bool = False
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class RunBatch:
     """Make batch ``seq`` of ``indices``: fetch its samples (``samples`` is None) or take
     those fetched already, then transform and collate (``WorkerCore.batch``)."""
@@ -87,14 +106,14 @@ class RunBatch:
     seeds: Any  # asyncloader._base.seeding.Seeds, or None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class OpenStream:
     """Open the worker's own iteration of an iterable source (``WorkerCore.open_stream``)."""
 
     opening: StreamOpen
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class NextOfStream:
     """Batch ``number`` of the iteration ``opening`` started (``WorkerCore.next_stream``)."""
 
@@ -106,9 +125,9 @@ class NextOfStream:
 Request = RunBatch | OpenStream | NextOfStream
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class Keyed:
-    """A request over a pipe or socket, with the key its :class:`Done` answer names."""
+    """A request over a pipe or socket, with the key its answer names."""
 
     key: int
     request: Request
@@ -122,18 +141,32 @@ class Signal(enum.Enum):
 STOP = Signal.STOP
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_message
 class Ready:
     """A worker's first message: its start-up failure (``init_failure()``), or None."""
 
     init_failure: Any
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Done:
-    """The answer to the request of ``key`` follows, as pickled bytes."""
+#: The bytes of an answer's key, ahead of its pickled result.
+KEY_BYTES = 8
 
-    key: int
+
+def answer_bytes(key: int, result: Any) -> memoryview:
+    """The answer to the request of ``key``: the key, then ``result`` pickled (by
+    ``ForkingPickler``: shared-memory tensors as handles), in one buffer. A result that
+    does not pickle raises here, before anything is sent."""
+    out = io.BytesIO()
+    out.write(key.to_bytes(KEY_BYTES, "little"))
+    ForkingPickler(out).dump(result)
+    return out.getbuffer()
+
+
+def read_answer(data: bytes) -> tuple[int, memoryview]:
+    """``(key, the pickled result)`` of an answer; unpickling is the receiver's, so that a
+    result it cannot rebuild fails its own request only."""
+    view = memoryview(data)
+    return int.from_bytes(view[:KEY_BYTES], "little"), view[KEY_BYTES:]
 
 
 def batch_of(request: Request) -> int | None:
