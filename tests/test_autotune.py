@@ -60,6 +60,46 @@ def test_it_follows_a_rise_in_latency(files_unlimited):
     assert max(limits) >= 4 * settled  # 50 ms: ten times as many are needed
 
 
+def loop_bound(latency, ceiling, knee):
+    """Little's law up to the loop's ``ceiling``, reached at ``knee`` in flight; past it
+    each request in flight costs the loop more (timers, tasks), and samples/s falls."""
+    return lambda limit: min(limit / latency, ceiling * min(1.0, (knee / limit) ** 0.5))
+
+
+def test_a_loop_bound_fetch_settles_at_the_knee_despite_the_burst_after_each_step(
+    files_unlimited,
+):
+    """Right after a step the requests it added complete together (here: the first round
+    after a change runs at twice the rate): judged on that round, the climb went on to
+    4096, at half the knee's rate. It settles at the knee, and probes back down to it."""
+    tuner = FetchTuner(CAP, 1 << 30, 0.0)
+    true_rate = loop_bound(0.004, 60000, 256)
+    changed_at, clock, limits = 0, 0.0, [tuner.limit]
+    done = 0
+    while clock < 6.0:
+        burst = done - changed_at < max(tuner.limit, 32)
+        clock += 1 / (true_rate(tuner.limit) * (2 if burst else 1))
+        done += 1
+        new = tuner.completed(True, clock, b"x")
+        if new is not None:
+            limits.append(new)
+            changed_at = done
+    assert max(limits) <= 1024 and tuner.limit in (128, 256, 512), limits
+    tail = limits[len(limits) // 2 :]
+    assert tail.count(256) >= len(tail) // 2, f"it left the knee: {limits}"
+
+
+def test_a_halving_that_costs_nothing_is_kept(files_unlimited):
+    """A limit above what the loop needs (the latency fell: samples/s the same at half)
+    comes down, after the next step up did not pay."""
+    tuner = FetchTuner(CAP, 1 << 30, 0.0)
+    clock, _ = drive(tuner, 3.0, latency_bound(0.05, ceiling=12000))
+    high = tuner.limit
+    assert high >= 1024
+    _, limits = drive(tuner, 6.0, latency_bound(0.002, ceiling=12000), clock)
+    assert tuner.limit <= high // 4, limits
+
+
 def test_an_unsaturated_fetch_keeps_its_limit(files_unlimited):
     tuner = FetchTuner(CAP, 1 << 30, 0.0)
     for i in range(1, 2000):
