@@ -10,7 +10,9 @@ Shift: one "auto" run whose latency goes from 5 ms to 50 ms after ``--seconds`` 
 prints samples/s per 0.5 s bin and how long after the shift it reached 0.9x the best fixed
 setting's steady rate at 50 ms (measured in the same invocation).
 
-``python -m benchmarks.probes.autotune [--reps 3] [--seconds 6] [--save [SECTION]]``
+``python -m benchmarks.probes.autotune [--reps 3] [--seconds 6] [--latencies MS...]
+[--no-shift] [--save [SECTION]]``; with each latency's medians it prints the spread: auto /
+best fixed in each rep, lowest to highest.
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
     summaries.add_save_argument(parser, "autotune")
+    parser.add_argument(
+        "--latencies", type=int, nargs="+", default=[*LATENCIES_MS, 50], metavar="MS"
+    )
+    parser.add_argument("--no-shift", action="store_true", help="skip the latency change")
     parser.add_argument("--setting", help=argparse.SUPPRESS)
     parser.add_argument("--latency-ms", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--shift", action="store_true", help=argparse.SUPPRESS)
@@ -103,7 +109,7 @@ def main() -> None:
         child(args)
         return
     module, summary = "benchmarks.probes.autotune", {"sweep": {}, "shift": {}}
-    for ms in [*LATENCIES_MS, 50]:
+    for ms in args.latencies:
         runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
         common = ["--child", "--latency-ms", ms, "--seconds", args.seconds]
         for _ in range(args.reps):
@@ -114,7 +120,12 @@ def main() -> None:
             for s in SETTINGS
         }
         best = max((s for s in SETTINGS if s != "auto"), key=lambda s: table[s]["steady"])
-        summary["sweep"][ms] = {"table": table, "best_fixed": best}
+        # The spread: auto / best fixed of each rep (the two ran in the same round).
+        spread = {
+            k: sorted(a[k] / b[k] for a, b in zip(runs["auto"], runs[best], strict=True))
+            for k in ("whole", "steady")
+        }
+        summary["sweep"][ms] = {"table": table, "best_fixed": best, "auto_per_rep": spread}
         print(f"\n{ms} ms per sample: samples/s, medians of {args.reps} (whole run / last half)")
         for s in SETTINGS:
             row = table[s]
@@ -122,8 +133,14 @@ def main() -> None:
         auto, top = table["auto"], table[best]
         print(
             f"  auto / best fixed ({best}): {auto['whole'] / top['whole']:.2f} whole, "
-            f"{auto['steady'] / top['steady']:.2f} steady"
+            f"{auto['steady'] / top['steady']:.2f} steady; per rep "
+            f"{spread['whole'][0]:.2f}-{spread['whole'][-1]:.2f} whole, "
+            f"{spread['steady'][0]:.2f}-{spread['steady'][-1]:.2f} steady"
         )
+    if args.no_shift or 50 not in summary["sweep"]:
+        if args.save:
+            summaries.save(args.save, summary)
+        return
     target = 0.9 * summary["sweep"][50]["table"][summary["sweep"][50]["best_fixed"]]["steady"]
     marks = in_fresh_process(module, "--child", "--shift", "--seconds", args.seconds)
     bins, recovered, last = [], None, (0.0, 0)
