@@ -91,6 +91,58 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"whole": whole, "steady": steady}))
 
 
+MODULE = "benchmarks.probes.autotune"
+
+
+def sweep(ms: int, reps: int, seconds: float) -> dict:
+    """Every setting at ``ms`` per sample, ``reps`` times alternating; prints and returns the
+    medians, the best fixed setting and the spread (auto / best fixed of each rep, the two
+    run in the same round)."""
+    runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
+    common = ["--child", "--latency-ms", ms, "--seconds", seconds]
+    for _ in range(reps):
+        for setting in SETTINGS:
+            runs[setting].append(in_fresh_process(MODULE, *common, "--setting", setting))
+    table = {
+        s: {k: statistics.median(r[k] for r in runs[s]) for k in ("whole", "steady")}
+        for s in SETTINGS
+    }
+    best = max((s for s in SETTINGS if s != "auto"), key=lambda s: table[s]["steady"])
+    spread = {
+        k: sorted(a[k] / b[k] for a, b in zip(runs["auto"], runs[best], strict=True))
+        for k in ("whole", "steady")
+    }
+    print(f"\n{ms} ms per sample: samples/s, medians of {reps} (whole run / last half)")
+    for s in SETTINGS:
+        print(f"  {s:>5}  {table[s]['whole']:9,.0f}  {table[s]['steady']:9,.0f}")
+    auto, top = table["auto"], table[best]
+    print(
+        f"  auto / best fixed ({best}): {auto['whole'] / top['whole']:.2f} whole, "
+        f"{auto['steady'] / top['steady']:.2f} steady; per rep "
+        f"{spread['whole'][0]:.2f}-{spread['whole'][-1]:.2f} whole, "
+        f"{spread['steady'][0]:.2f}-{spread['steady'][-1]:.2f} steady"
+    )
+    return {"table": table, "best_fixed": best, "auto_per_rep": spread}
+
+
+def shift(seconds: float, at_50ms: dict) -> dict:
+    """One "auto" run whose latency goes from 5 to 50 ms after ``seconds``: its rate per
+    0.5 s and how long after the change it reached 0.9x the best fixed rate at 50 ms."""
+    target = 0.9 * at_50ms["table"][at_50ms["best_fixed"]]["steady"]
+    marks = in_fresh_process(MODULE, "--child", "--shift", "--seconds", seconds)
+    bins, recovered, last = [], None, (0.0, 0)
+    for at, got in marks:
+        if at - last[0] >= 0.5:
+            rate = (got - last[1]) / (at - last[0])
+            bins.append((round(at, 2), round(rate)))
+            if recovered is None and at > seconds + 0.5 and rate >= target:
+                recovered = at - seconds
+            last = (at, got)
+    print(f"\nshift 5 -> 50 ms at {seconds} s (auto): samples/s per 0.5 s {bins}")
+    print(f"  0.9x best fixed at 50 ms = {target:,.0f}/s reached {recovered} s after the shift")
+    return {"bins": bins, "target": target, "recovered_after_s": recovered}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
@@ -108,52 +160,11 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    module, summary = "benchmarks.probes.autotune", {"sweep": {}, "shift": {}}
+    summary: dict = {"sweep": {}, "shift": {}}
     for ms in args.latencies:
-        runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
-        common = ["--child", "--latency-ms", ms, "--seconds", args.seconds]
-        for _ in range(args.reps):
-            for setting in SETTINGS:
-                runs[setting].append(in_fresh_process(module, *common, "--setting", setting))
-        table = {
-            s: {k: statistics.median(r[k] for r in runs[s]) for k in ("whole", "steady")}
-            for s in SETTINGS
-        }
-        best = max((s for s in SETTINGS if s != "auto"), key=lambda s: table[s]["steady"])
-        # The spread: auto / best fixed of each rep (the two ran in the same round).
-        spread = {
-            k: sorted(a[k] / b[k] for a, b in zip(runs["auto"], runs[best], strict=True))
-            for k in ("whole", "steady")
-        }
-        summary["sweep"][ms] = {"table": table, "best_fixed": best, "auto_per_rep": spread}
-        print(f"\n{ms} ms per sample: samples/s, medians of {args.reps} (whole run / last half)")
-        for s in SETTINGS:
-            row = table[s]
-            print(f"  {s:>5}  {row['whole']:9,.0f}  {row['steady']:9,.0f}")
-        auto, top = table["auto"], table[best]
-        print(
-            f"  auto / best fixed ({best}): {auto['whole'] / top['whole']:.2f} whole, "
-            f"{auto['steady'] / top['steady']:.2f} steady; per rep "
-            f"{spread['whole'][0]:.2f}-{spread['whole'][-1]:.2f} whole, "
-            f"{spread['steady'][0]:.2f}-{spread['steady'][-1]:.2f} steady"
-        )
-    if args.no_shift or 50 not in summary["sweep"]:
-        if args.save:
-            summaries.save(args.save, summary)
-        return
-    target = 0.9 * summary["sweep"][50]["table"][summary["sweep"][50]["best_fixed"]]["steady"]
-    marks = in_fresh_process(module, "--child", "--shift", "--seconds", args.seconds)
-    bins, recovered, last = [], None, (0.0, 0)
-    for at, got in marks:
-        if at - last[0] >= 0.5:
-            rate = (got - last[1]) / (at - last[0])
-            bins.append((round(at, 2), round(rate)))
-            if recovered is None and at > args.seconds + 0.5 and rate >= target:
-                recovered = at - args.seconds
-            last = (at, got)
-    summary["shift"] = {"bins": bins, "target": target, "recovered_after_s": recovered}
-    print(f"\nshift 5 -> 50 ms at {args.seconds} s (auto): samples/s per 0.5 s {bins}")
-    print(f"  0.9x best fixed at 50 ms = {target:,.0f}/s reached {recovered} s after the shift")
+        summary["sweep"][ms] = sweep(ms, args.reps, args.seconds)
+    if not args.no_shift and 50 in summary["sweep"]:
+        summary["shift"] = shift(args.seconds, summary["sweep"][50])
     if args.save:
         summaries.save(args.save, summary)
 
