@@ -146,7 +146,7 @@ class FetchTuner:
             return
         if probe is not None:
             previous, then, up = probe
-            paid = saturated and rate >= then * GAIN if up else rate >= then
+            paid = (saturated and rate >= then * GAIN) if up else rate >= then
             if not paid:
                 self.limit, self._held_until = previous, at + HOLD_S
                 self._down_next = up
