@@ -3,6 +3,7 @@ in every placement; errors, skipping and per-sample seeding keep their contracts
 
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -62,6 +63,52 @@ def test_one_call_per_batch_with_its_indices(tmp_path, placement):
     assert got == reference(GetitemsSource(N))
     batches = sorted([row[0] for row in batch] for batch in got)
     assert sorted(calls(log)) == [("getitems", indices) for indices in batches]
+
+
+class ThreadNames(GetitemsSource):
+    """Records the name of the thread each ``__getitems__`` call runs on."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.threads = set()
+
+    def __getitems__(self, indices):
+        self.threads.add(threading.current_thread().name)
+        return super().__getitems__(indices)
+
+
+@pytest.mark.parametrize(
+    "options, where",
+    [
+        ({}, {"asyncloader-loop"}),
+        ({"fetch_threads": 2}, {"asyncloader-fetch"}),
+        ({"transform": add_one}, {"asyncloader-loop"}),
+    ],
+    ids=["one-call-at-a-time", "fetch_threads=2", "transform"],
+)
+def test_without_workers_a_for_epoch_makes_batches_on_its_own_loop(options, where):
+    """A ``for`` epoch without workers makes its batches, one call at a time, on the loader's
+    own loop thread (no fetch thread beside it: one GIL hand-over fewer per batch, as
+    DataLoader); with more fetch threads, in those; and every batch is still right."""
+    dataset = ThreadNames(N)
+    with AsyncLoader(
+        dataset, batch_size=BATCH, shuffle=True, generator=generator(), **options
+    ) as loader:
+        got = [flat(batch) for batch in loader]
+    shift = 1 if "transform" in options else 0
+    assert got == [[[v + shift for v in row] for row in b] for b in reference(GetitemsSource(N))]
+    assert {name.rsplit("_", 1)[0] for name in dataset.threads} == where
+
+
+@pytest.mark.asyncio
+async def test_an_async_epoch_never_blocks_the_users_loop_with_a_call():
+    """``async for`` runs on the user's loop: its calls stay in a fetch thread, so the loop
+    goes on with its own tasks while a batch is made."""
+    dataset = ThreadNames(N)
+    async with AsyncLoader(dataset, batch_size=BATCH) as loader:
+        got = [flat(batch) async for batch in loader]
+    assert [row[0] for batch in got for row in batch] == list(range(N))
+    assert {name.rsplit("_", 1)[0] for name in dataset.threads} == {"asyncloader-fetch"}
 
 
 @pytest.mark.parametrize("transform", [None, add_one])

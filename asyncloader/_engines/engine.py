@@ -93,3 +93,36 @@ class ExecutorEngine:
     def shutdown(self) -> None:
         if self._owned:
             self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+class LoopEngine:
+    """Makes each batch right where it is submitted: on the loader's own event-loop thread.
+
+    For a ``for`` epoch without workers whose batches are whole ``__getitems__`` calls made one
+    at a time (``fetch_threads=1``): that loop has nothing else to run while a batch is made,
+    so a fetch thread beside it would only add a thread, and a hand-over of the GIL at every
+    batch, to the two DataLoader needs (the batch's maker and the consumer). The returned
+    future is already done; the loop is blocked for the duration of each call.
+    """
+
+    def __init__(self, plan: BatchPlan) -> None:
+        self.plan = plan
+
+    def start(self) -> None:
+        pass
+
+    def submit(
+        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+    ) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(run_batch(self.plan, seq, indices, samples, seeds))
+        except Exception as exc:  # as an executor would hand it over
+            future.set_exception(exc)
+        return future
+
+    def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
+        return ""
+
+    def shutdown(self) -> None:
+        pass

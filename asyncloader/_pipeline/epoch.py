@@ -51,7 +51,7 @@ from asyncloader._base.threads import loader_threads, loop_registered, run_in_th
 from asyncloader._base.window import Window
 from asyncloader._checkpoint.progress import Progress
 from asyncloader._config.options import Options
-from asyncloader._engines.engine import Engine, ExecutorEngine, WorkerEngine
+from asyncloader._engines.engine import Engine, ExecutorEngine, LoopEngine, WorkerEngine
 from asyncloader._engines.lifetime import WorkerLease
 from asyncloader._pipeline.batches import Batch, Made, map_batches, stream_batches
 from asyncloader._pipeline.device import DeviceStage
@@ -127,6 +127,7 @@ class Epoch:
         self.start_info = start
         self.progress = Progress(start.resume, start.source_state, options.worker_streams)
         self._scheduled = False  # the stage tasks run, or will without the consumer's help
+        self._own_loop = False  # on the loader's loop thread, where nothing else runs
         self._lease = lease
         self._tuner = tuner if self._open_fetch_needed() else None
         if self._tuner is not None:
@@ -159,7 +160,7 @@ class Epoch:
     def scheduled(self) -> None:
         """The epoch is to run on another thread's loop (a ``for`` epoch): it starts without
         the consumer asking for a batch."""
-        self._scheduled = True
+        self._scheduled = self._own_loop = True
 
     def settle_source(self) -> None:
         """Waits until the workers have opened their iterations of the source
@@ -520,6 +521,8 @@ class Epoch:
             engine = await stack.enter_async_context(self._lease)
         elif options.executor is not None:
             engine = ExecutorEngine(options.executor, plan)
+        elif self._batches_on_loop():
+            engine = LoopEngine(plan)
         else:  # the loader's threads; whole batches in the fetch threads (engine_fetches)
             name = "asyncloader-fetch" if options.engine_fetches else "asyncloader-transform"
             threads = loader_threads(options.engine_width, name)
@@ -532,6 +535,18 @@ class Epoch:
         )  # fmt: skip
         stack.callback(self._transformer.close)
         return self._transformer
+
+    def _batches_on_loop(self) -> bool:
+        """Batches are made on the loop itself (:class:`LoopEngine`): whole ``__getitems__``
+        batches, one at a time, without workers, on the loader's own loop thread (a ``for``
+        epoch), which nothing else needs meanwhile. Never on a user's loop (``async for``)."""
+        options = self._options
+        return (
+            self._own_loop
+            and options.engine_fetches
+            and not options.num_workers
+            and options.engine_width == 1
+        )
 
     def _batches(
         self, stack: contextlib.AsyncExitStack, transformer: Transformer

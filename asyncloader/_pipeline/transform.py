@@ -27,7 +27,7 @@ from asyncloader._base.skipping import Trimmed
 from asyncloader._base.structure import nbytes
 from asyncloader._base.threads import run_in_thread
 from asyncloader._base.window import Window
-from asyncloader._engines.engine import Engine
+from asyncloader._engines.engine import Engine, LoopEngine
 from asyncloader._tuning.meter import EpochMeter, now
 from asyncloader._worker.buffers import Pooled, Returns
 from asyncloader._worker.collate import collate_small
@@ -71,7 +71,7 @@ class Transformer:
         meter: Told each batch's round trip and the batches in the engine.
     """
 
-    __slots__ = ("_inflight", "_inline", "_meter", "_returns", "_room", "_seeds", "engine")
+    __slots__ = ("_inflight", "_inline", "_meter", "_returns", "_room", "_seeds", "_turn", "engine")
 
     def __init__(
         self,
@@ -89,6 +89,8 @@ class Transformer:
         self._inflight = inflight
         self._inline = inline
         self._returns = Returns()
+        # A LoopEngine makes batches right here: one at a time, each after the loop's turn.
+        self._turn = asyncio.Lock() if isinstance(engine, LoopEngine) else None
 
     def resize(self, window: int) -> None:
         """Batches at most in the engine from now on (a smaller room is reached as batches
@@ -104,6 +106,8 @@ class Transformer:
         inline = self._inline
         if inline and samples and nbytes(samples[0]) * len(samples) < INLINE_COLLATE_BYTES:
             return run_batch(inline, seq, indices, samples, None)
+        if self._turn is not None:
+            return await self._run_here(seq, indices, samples)
         async with self._room:
             meter = self._meter
             began = now() if meter is not None else 0.0
@@ -112,6 +116,23 @@ class Transformer:
                 return self.received(await asyncio.wrap_future(future))
             except BrokenProcessPool as exc:
                 raise await self.crashed(exc) from exc
+            finally:
+                if meter is not None:
+                    meter.engine.add(now() - began)
+
+    async def _run_here(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
+        """Batch ``seq`` made on this loop (a :class:`LoopEngine`). Each batch first lets the
+        loop run what is ready, the hand-over of the batch before it among them: otherwise
+        the batches the window admitted would all be made before the first reached the
+        consumer."""
+        assert self._turn is not None
+        async with self._turn:
+            await asyncio.sleep(0)
+            meter = self._meter
+            began = now() if meter is not None else 0.0
+            try:
+                future = self.engine.submit(seq, indices, samples, self._seeds)
+                return self.received(future.result())
             finally:
                 if meter is not None:
                     meter.engine.add(now() - began)
