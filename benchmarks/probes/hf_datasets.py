@@ -123,6 +123,19 @@ def one(case: str, rows: int, dim: int, step_ms: float = 0.0) -> dict[str, Any]:
     return measure(build(), checker)
 
 
+def paired_ratios(runs: dict[str, list[dict]]) -> dict[str, tuple[float, float, float]]:
+    """Each AsyncLoader case's rows/s over DataLoader's with the same ``num_workers`` in the
+    same round (the two ran back to back): (lowest, median, highest) over the rounds."""
+    out = {}
+    for name, rs in runs.items():
+        base = runs.get(f"DataLoader, {CASES[name][1]} workers")
+        if not base or CASES[name][0] == "DataLoader":
+            continue
+        ratios = [r["items_per_s"] / b["items_per_s"] for r, b in zip(rs, base, strict=False)]
+        out[name] = (min(ratios), statistics.median(ratios), max(ratios))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
@@ -157,20 +170,23 @@ def main() -> None:
     )
     print(
         f"  {'case':25s} {'rows/s':>9s} {'steady':>9s} {'first s':>8s} "
-        f"{'CPU ms/1k rows':>14s} {'vs DataLoader':>13s}"
+        f"{'CPU ms/1k rows':>14s} {'vs DataLoader':>13s} {'per round (range)':>20s}"
     )
+    paired = paired_ratios(runs)
     for name, m in medians.items():
         base = medians.get(f"DataLoader, {CASES[name][1]} workers")
         ratio = f"{m['items_per_s'] / base['items_per_s']:.2f}x" if base else "-"
+        spread = paired.get(name)
+        rounds = f"{spread[1]:.2f}x ({spread[0]:.2f}-{spread[2]:.2f})" if spread else "-"
         print(
             f"  {name:25s} {m['items_per_s']:9.0f} {m['steady_items_per_s']:9.0f} "
-            f"{m['ttfb_s']:8.3f} {m['cpu_ms_per_item'] * 1e3:14.1f} {ratio:>13s}"
+            f"{m['ttfb_s']:8.3f} {m['cpu_ms_per_item'] * 1e3:14.1f} {ratio:>13s} {rounds:>20s}"
         )
     if args.save:
         summaries.save(
             args.save,
             {"rows": args.rows, "dim": args.dim, "batch": BATCH, "step_ms": args.step_ms,
-             "reps": args.reps, "medians": medians},
+             "reps": args.reps, "medians": medians, "paired": paired},
         )  # fmt: skip
 
 
