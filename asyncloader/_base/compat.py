@@ -28,6 +28,7 @@ import torch
 import torch.multiprocessing  # registers torch's shared-memory tensor pickling
 from torch.utils.data._utils import collate as _torch_collate  # private: torch 2.2-2.13
 from torch.utils.data._utils import worker as _torch_worker  # private: torch 2.2-2.13
+from torch.utils.data.sampler import BatchSampler, RandomSampler
 
 
 def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
@@ -208,3 +209,38 @@ def peer_uid(sock: socket.socket) -> int | None:
         return None
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     return int(_UCRED.unpack(raw)[1])
+
+
+def shuffled_batches(batch_sampler: Any) -> Iterator[list[int]] | None:
+    """torch's own ``BatchSampler`` over its own ``RandomSampler`` (no replacement, one
+    permutation an epoch: what ``shuffle=True`` builds), iterated as torch 2.2-2.13 iterates
+    it: the same batches from the same generator draws, made at the same points (the
+    permutation at the first batch, the trailing ``randperm`` torch draws for
+    ``num_samples % n`` when the permutation runs out). Each batch is sliced from the
+    permutation, where torch turns the whole permutation into a Python list before the first
+    batch (15 ms for 262,144 samples, 55 ms for a million) and steps a generator per index.
+    ``None`` for any other sampler, a subclass included: iterate it as it is."""
+    if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
+        return None
+    sampler = batch_sampler.sampler
+    n = len(sampler.data_source)
+    if sampler.replacement or n == 0 or sampler.num_samples != n:
+        return None
+    return _sliced_permutation(sampler, n, batch_sampler.batch_size, batch_sampler.drop_last)
+
+
+def _sliced_permutation(
+    sampler: RandomSampler, n: int, size: int, drop_last: bool
+) -> Iterator[list[int]]:
+    generator = sampler.generator
+    if generator is None:  # as RandomSampler.__iter__: a generator seeded from the global RNG
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    permutation = torch.randperm(n, generator=generator)
+    full = n - n % size
+    for start in range(0, full, size):
+        yield permutation[start : start + size].tolist()
+    torch.randperm(n, generator=generator)  # torch's draw for num_samples % n (0 here)
+    if full < n and not drop_last:
+        yield permutation[full:].tolist()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from asyncloader._base.compat import shuffled_batches
 from asyncloader._base.kinds import SourceKind, supplies_sampler
 from asyncloader._base.seeding import draw_seed
 from asyncloader._base.source_state import (
@@ -315,9 +316,11 @@ def _batched(keys: Iterator[Any], options: Options) -> Iterator[list[Any]]:
 
 
 def start_sampler(options: Options) -> Iterator[Any]:
-    """The (batch) sampler's iterator with its first element drawn now (errors kept for later)."""
-    it = iter(options.batch_sampler if options.batch_sampler is not None else options.sampler)
-    return _first_drawn(it)
+    """The (batch) sampler's iterator with its first element drawn now (errors kept for later).
+    ``shuffle=True``'s samplers give their batches sliced from the permutation
+    (:func:`~asyncloader._base.compat.shuffled_batches`)."""
+    sampler = options.batch_sampler if options.batch_sampler is not None else options.sampler
+    return _first_drawn(shuffled_batches(sampler) or iter(sampler))
 
 
 def _first_drawn(it: Iterator[Any]) -> Iterator[Any]:
