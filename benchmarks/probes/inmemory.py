@@ -312,6 +312,35 @@ def table(runs: dict[tuple[str, str], list[dict]], reps: int, batches: int, epoc
     return "\n".join(lines)
 
 
+def paired(runs: dict[tuple[str, str], list[dict]], epochs: int) -> dict[str, dict[str, list]]:
+    """Per round, each loader's first-batch times over DataLoader's of the same round (run
+    just before or after it): ``{"dataset/loader": {key: [lowest, median, highest]}}``."""
+    keys = ["ttfb1_s", "ttfb2_s"] + (["ttfb_later_s"] if epochs > 2 else [])
+    out: dict[str, dict[str, list]] = {}
+    for (kind, loader), rs in runs.items():
+        ref = runs.get((kind, REFERENCE))
+        if loader == REFERENCE or not ref:
+            continue
+        out[f"{kind}/{loader}"] = {
+            key: [
+                f(r[key] / b[key] for r, b in zip(rs, ref, strict=False))
+                for f in (min, statistics.median, max)
+            ]
+            for key in keys
+        }
+    return out
+
+
+def paired_text(ratios: dict[str, dict[str, list]]) -> str:
+    lines = ["", "Per round (x DL of the same round; median, lowest-highest):"]
+    for name, by_key in ratios.items():
+        cells = ", ".join(
+            f"{key[:-2]} {m:.2f} ({lo:.2f}-{hi:.2f})" for key, (lo, m, hi) in by_key.items()
+        )
+        lines.append(f"  {name}: {cells}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -355,13 +384,15 @@ def main() -> None:
                 flush=True,
             )
     text = table(runs, args.reps, args.batches, args.epochs)
-    print(text)
+    rounds = paired(runs, args.epochs)
+    print(text + paired_text(rounds))
     load_after = os.getloadavg()
     print("\nload average before:", *(f"{x:.2f}" for x in load_before))
     print("load average after: ", *(f"{x:.2f}" for x in load_after))
     if args.save:
         med = medians(runs)
         summary = {
+            "paired": rounds,
             "config": {
                 "batch": BATCH,
                 "batches_per_epoch": args.batches,
