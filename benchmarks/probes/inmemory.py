@@ -26,8 +26,11 @@ and the resource tracker too). Every batch is checked (size, dtype, values those
 indices delivered), each epoch's indices must be distinct, and the first two epochs' orders
 must differ (the shuffle).
 
-Peak memory is sampled from outside, by this (the harness) process, which shares no GIL with
-the run: every 25 ms, the PSS (``psutil.Process.memory_full_info().pss``, from
+Each cell runs twice a round, in two fresh processes: the times come from the first, left
+alone; the memory from the second. Reading a process's smaps takes the lock of its memory
+map, which its ``fork()`` and its page faults then wait for, so sampling the run moved its
+first-batch times by tens of milliseconds. Peak memory is sampled from outside, by this (the
+harness) process, which shares no GIL with the run: every 25 ms, the PSS (``psutil.Process.memory_full_info().pss``, from
 ``/proc/PID/smaps_rollup``) of the run's process and of all its descendants (their list
 refreshed every 100 ms), summed; the peak is the largest sum, dataset building included.
 PSS divides every shared page between the processes that map it, so the sum over the tree
@@ -215,8 +218,25 @@ def _one(kind: str, loader_name: str, batches: int, epochs: int = 2) -> dict:
     return result
 
 
-def run_sampled(kind: str, loader: str, batches: int, epochs: int = 2) -> dict:
-    """One fresh-process run, with its tree's peak summed PSS sampled from here."""
+def run_timed_then_sampled(kind: str, loader: str, batches: int, epochs: int = 2) -> dict:
+    """Two fresh-process runs: the times from one left alone, the peak memory from one whose
+    PSS is sampled from here (reading a process's smaps takes its memory map's lock, which
+    its ``fork()`` and page faults then wait for: the sampling moves first-batch times by
+    tens of milliseconds)."""
+    timed = run_sampled(kind, loader, batches, epochs, sample=False)
+    sampled = run_sampled(kind, loader, batches, epochs)
+    memory = {key: sampled[key] for key in sampled if "pss" in key or key.startswith("process")}
+    return {
+        **timed,
+        **memory,
+        "sampled_ttfb1_s": sampled["ttfb1_s"],
+        "sampled_ttfb2_s": sampled["ttfb2_s"],
+    }
+
+
+def run_sampled(kind: str, loader: str, batches: int, epochs: int = 2, sample: bool = True) -> dict:
+    """One fresh-process run, with its tree's peak summed PSS sampled from here (with
+    ``sample``; else ``peak_*`` are 0)."""
     cmd = [sys.executable, "-m", "benchmarks.probes.inmemory", "--one", kind, loader]
     cmd += ["--batches", str(batches), "--epochs", str(epochs)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -224,6 +244,13 @@ def run_sampled(kind: str, loader: str, batches: int, epochs: int = 2) -> dict:
         root = psutil.Process(proc.pid)
         procs, peak, at_peak, refreshed = [root], 0, (0, 0), 0.0
         deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not sample and proc.poll() is None:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"{kind} {loader} ran past {RUN_TIMEOUT_S} s") from None
         while proc.poll() is None:
             now = time.monotonic()
             if now > deadline:
@@ -371,7 +398,7 @@ def main() -> None:
     load_before = os.getloadavg()
     for rep in range(args.reps):
         for kind, loader in chosen:
-            r = run_sampled(kind, loader, args.batches, args.epochs)
+            r = run_timed_then_sampled(kind, loader, args.batches, args.epochs)
             runs[kind, loader].append(r)
             print(
                 f"round {rep + 1}, {kind}, {loader}: first batch {r['ttfb1_s']:.3f} / "
