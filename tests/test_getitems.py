@@ -100,6 +100,37 @@ def test_without_workers_a_for_epoch_makes_batches_on_its_own_loop(options, wher
     assert {name.rsplit("_", 1)[0] for name in dataset.threads} == where
 
 
+class WaitsForTheConsumer(GetitemsSource):
+    """Batch 1's call waits until the consumer holds batch 0 (at most ``WAIT_S``)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.consumer_has_batch_0 = threading.Event()
+        self.waited_in_vain = False
+
+    def __getitems__(self, indices):
+        if indices[0] == BATCH:  # batch 1 (not shuffled)
+            self.waited_in_vain = not self.consumer_has_batch_0.wait(WAIT_S)
+        return super().__getitems__(indices)
+
+
+WAIT_S = 5.0
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_made_on_the_loop_reaches_the_consumer_before_the_next_is_made():
+    """Made on the loop, batch 0 is handed to the consumer before batch 1's call begins,
+    although the window admits both at once: the consumer is never a batch behind."""
+    dataset = WaitsForTheConsumer(N)
+    with AsyncLoader(dataset, batch_size=BATCH, prefetch=4) as loader:
+        got = []
+        for batch in loader:
+            got.append(flat(batch))
+            dataset.consumer_has_batch_0.set()
+    assert not dataset.waited_in_vain
+    assert [row[0] for batch in got for row in batch] == list(range(N))
+
+
 @pytest.mark.asyncio
 async def test_an_async_epoch_never_blocks_the_users_loop_with_a_call():
     """``async for`` runs on the user's loop: its calls stay in a fetch thread, so the loop
