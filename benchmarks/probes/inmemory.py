@@ -28,12 +28,12 @@ must differ (the shuffle).
 
 Each cell runs twice a round, in two fresh processes: the times come from the first, left
 alone; the memory from the second. Reading a process's smaps takes the lock of its memory
-map, which its ``fork()`` and its page faults then wait for, so sampling the run moved its
-first-batch times by tens of milliseconds. Peak memory is sampled from outside, by this (the
-harness) process, which shares no GIL with the run: every 25 ms, the PSS
-(``psutil.Process.memory_full_info().pss``, from ``/proc/PID/smaps_rollup``) of the run's
-process and of all its descendants (their list refreshed every 100 ms), summed; the peak is
-the largest sum, dataset building included.
+map, which its ``fork()`` and its page faults then wait for, so sampling the run can delay
+its first batches (``sampled_ttfb*_s`` keep the sampled run's times). Peak memory is
+sampled from outside, by this (the harness) process, which shares no GIL with the run: every
+25 ms, the PSS (``psutil.Process.memory_full_info().pss``, from ``/proc/PID/smaps_rollup``)
+of the run's process and of all its descendants (their list refreshed every 100 ms), summed;
+the peak is the largest sum, dataset building included.
 PSS divides every shared page between the processes that map it, so the sum over the tree
 counts the dataset's pages once however many workers share them, and a copy (pickled into a
 worker, or a page a worker wrote to) as often as it exists. Pages shared with processes
@@ -85,6 +85,8 @@ RUN_TIMEOUT_S = 300
 KEYS = (
     "ttfb1_s",
     "ttfb2_s",
+    "sampled_ttfb1_s",
+    "sampled_ttfb2_s",
     "ttfb_later_s",
     "peak_pss_gb",
     "end_pss_gb",
@@ -222,8 +224,7 @@ def _one(kind: str, loader_name: str, batches: int, epochs: int = 2) -> dict:
 def run_timed_then_sampled(kind: str, loader: str, batches: int, epochs: int = 2) -> dict:
     """Two fresh-process runs: the times from one left alone, the peak memory from one whose
     PSS is sampled from here (reading a process's smaps takes its memory map's lock, which
-    its ``fork()`` and page faults then wait for: the sampling moves first-batch times by
-    tens of milliseconds)."""
+    its ``fork()`` and page faults then wait for)."""
     timed = run_sampled(kind, loader, batches, epochs, sample=False)
     sampled = run_sampled(kind, loader, batches, epochs)
     memory = {key: sampled[key] for key in sampled if "pss" in key or key.startswith("process")}
