@@ -28,12 +28,12 @@ must differ (the shuffle).
 
 Each cell runs twice a round, in two fresh processes: the times come from the first, left
 alone; the memory from the second. Reading a process's smaps takes the lock of its memory
-map, which its ``fork()`` and its page faults then wait for, so sampling the run can delay
-its first batches (``sampled_ttfb*_s`` keep the sampled run's times). Peak memory is
-sampled from outside, by this (the harness) process, which shares no GIL with the run: every
-25 ms, the PSS (``psutil.Process.memory_full_info().pss``, from ``/proc/PID/smaps_rollup``)
-of the run's process and of all its descendants (their list refreshed every 100 ms), summed;
-the peak is the largest sum, dataset building included.
+map, which its ``fork()`` and its page faults then wait for: sampling delayed the first
+batches by 9-14 ms (medians of 5 rounds; ``sampled_ttfb*_s`` keep the sampled run's times).
+Peak memory is sampled from outside, by this (the harness) process, which shares no GIL with
+the run: every 25 ms, the PSS (``psutil.Process.memory_full_info().pss``, from
+``/proc/PID/smaps_rollup``) of the run's process and of all its descendants (their list
+refreshed every 100 ms), summed; the peak is the largest sum, dataset building included.
 PSS divides every shared page between the processes that map it, so the sum over the tree
 counts the dataset's pages once however many workers share them, and a copy (pickled into a
 worker, or a page a worker wrote to) as often as it exists. Pages shared with processes
