@@ -1,6 +1,7 @@
 """``__getitems__``: a sync map-style source is fetched one call per batch, as under DataLoader,
 in every placement; errors, skipping and per-sample seeding keep their contracts."""
 
+import asyncio
 import json
 import logging
 import threading
@@ -129,6 +130,42 @@ def test_a_batch_made_on_the_loop_reaches_the_consumer_before_the_next_is_made()
             dataset.consumer_has_batch_0.set()
     assert not dataset.waited_in_vain
     assert [row[0] for batch in got for row in batch] == list(range(N))
+
+
+class RunsItsOwnLoop(GetitemsSource):
+    """Reads a batch with ``asyncio.run()``, as a sync dataset over an async client does, and
+    records whether a loop was running when it was called."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.saw_a_running_loop = False
+
+    def __getitems__(self, indices):
+        try:
+            asyncio.get_running_loop()
+            self.saw_a_running_loop = True
+        except RuntimeError:
+            pass
+
+        async def read():
+            await asyncio.sleep(0)
+            return [super(RunsItsOwnLoop, self).__getitems__(indices)]
+
+        return asyncio.run(read())[0]
+
+
+@pytest.mark.parametrize("placement", [{}, {"fetch_threads": 2}], ids=["on-the-loop", "threads"])
+def test_a_dataset_may_run_its_own_event_loop(placement):
+    """Made on the loader's loop thread, a call still runs as in a plain thread: no running
+    loop, so ``asyncio.run()`` works; the loader's loop goes on, a second epoch too."""
+    dataset = RunsItsOwnLoop(N)
+    theirs = DataLoader(GetitemsSource(N), batch_size=BATCH, shuffle=True, generator=generator())
+    with AsyncLoader(
+        dataset, batch_size=BATCH, shuffle=True, generator=generator(), **placement
+    ) as loader:
+        for _ in range(2):
+            assert [flat(batch) for batch in loader] == [flat(batch) for batch in theirs]
+    assert not dataset.saw_a_running_loop
 
 
 @pytest.mark.asyncio

@@ -10,6 +10,7 @@ these libraries' underscored names.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import multiprocessing
@@ -22,13 +23,15 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.multiprocessing  # registers torch's shared-memory tensor pickling
 from torch.utils.data._utils import collate as _torch_collate  # private: torch 2.2-2.13
 from torch.utils.data._utils import worker as _torch_worker  # private: torch 2.2-2.13
 from torch.utils.data.sampler import BatchSampler, RandomSampler
+
+T = TypeVar("T")
 
 
 def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
@@ -245,3 +248,20 @@ def _sliced_permutation(
     torch.randperm(n, generator=generator)  # torch's draw for num_samples % n (0 here)
     if full < n and not drop_last:
         yield permutation[full:].tolist()
+
+
+def outside_the_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` called on an event loop's thread as if no loop ran there: user code (a
+    dataset's ``__getitems__`` made on the loader's loop) that calls ``asyncio.run()`` or
+    checks for a running loop behaves as it does in a plain thread. The thread's running
+    loop and current event loop (``asyncio.events._set_running_loop``, for loop
+    implementers) are put back afterwards, also after an ``asyncio.run()`` inside cleared
+    them."""
+    loop = asyncio.get_running_loop()
+    asyncio.events._set_running_loop(None)
+    asyncio.set_event_loop(None)
+    try:
+        return fn(*args)
+    finally:
+        asyncio.set_event_loop(loop)
+        asyncio.events._set_running_loop(loop)

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
+from asyncloader._base.compat import outside_the_loop
 from asyncloader._base.seeding import Seeds
 from asyncloader._worker.plan import BatchPlan, run_batch
 
@@ -102,7 +103,8 @@ class LoopEngine:
     at a time (``fetch_threads=1``): that loop has nothing else to run while a batch is made,
     so a fetch thread beside it would only add a thread, and a hand-over of the GIL at every
     batch, to the two DataLoader needs (the batch's maker and the consumer). The returned
-    future is already done; the loop is blocked for the duration of each call.
+    future is already done; the loop is blocked for the duration of each call, which runs
+    as if no loop ran there (the dataset may call ``asyncio.run()``, as in a plain thread).
     """
 
     def __init__(self, plan: BatchPlan) -> None:
@@ -116,7 +118,7 @@ class LoopEngine:
     ) -> Future[Any]:
         future: Future[Any] = Future()
         try:
-            future.set_result(run_batch(self.plan, seq, indices, samples, seeds))
+            future.set_result(outside_the_loop(run_batch, self.plan, seq, indices, samples, seeds))
         except Exception as exc:  # as an executor would hand it over
             future.set_exception(exc)
         return future
