@@ -246,7 +246,7 @@ def run_sampled(kind: str, loader: str, batches: int, epochs: int = 2, sample: b
         root = psutil.Process(proc.pid)
         procs, peak, at_peak, refreshed = [root], 0, (0, 0), 0.0
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not sample and proc.poll() is None:
+        if not sample:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
