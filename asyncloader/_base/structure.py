@@ -24,36 +24,40 @@ def map_structure(data: Any, leaf: Callable[[Any], Any]) -> Any:
     ``leaf`` is offered every node first; where it returns :data:`DESCEND`, dicts, lists,
     tuples, namedtuples and dataclass instances are rebuilt from their walked parts, and any
     other object is kept as it is.
+    Nothing it makes outlives the call: no reference cycle keeps ``leaf`` (and whatever its
+    closure holds, a batch's tensors) alive until the garbage collector's next pass.
     """
+    return _walk(data, leaf)
 
-    def walk(x: Any) -> Any:
-        out = leaf(x)
-        if out is not DESCEND:
-            return out
-        if isinstance(x, str | bytes) or x is None:
-            return x
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            record = copy.copy(x)
-            for field in dataclasses.fields(x):
-                object.__setattr__(record, field.name, walk(getattr(x, field.name)))
-            return record
-        if isinstance(x, Mapping):
-            items = {k: walk(v) for k, v in x.items()}
-            try:
-                mapping = copy.copy(x)
-                mapping.update(items)  # type: ignore[attr-defined]
-                return mapping
-            except (TypeError, AttributeError):
-                return items
-        if isinstance(x, tuple):
-            if hasattr(x, "_fields"):
-                return type(x)(*(walk(v) for v in x))
-            return tuple(walk(v) for v in x)
-        if isinstance(x, list):
-            return [walk(v) for v in x]
+
+def _walk(x: Any, leaf: Callable[[Any], Any]) -> Any:
+    """:func:`map_structure`'s recursion: a module function, not a closure that calls itself
+    (which would be a reference cycle through its own cell)."""
+    out = leaf(x)
+    if out is not DESCEND:
+        return out
+    if isinstance(x, str | bytes) or x is None:
         return x
-
-    return walk(data)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        record = copy.copy(x)
+        for field in dataclasses.fields(x):
+            object.__setattr__(record, field.name, _walk(getattr(x, field.name), leaf))
+        return record
+    if isinstance(x, Mapping):
+        items = {k: _walk(v, leaf) for k, v in x.items()}
+        try:
+            mapping = copy.copy(x)
+            mapping.update(items)  # type: ignore[attr-defined]
+            return mapping
+        except (TypeError, AttributeError):
+            return items
+    if isinstance(x, tuple):
+        if hasattr(x, "_fields"):
+            return type(x)(*(_walk(v, leaf) for v in x))
+        return tuple(_walk(v, leaf) for v in x)
+    if isinstance(x, list):
+        return [_walk(v, leaf) for v in x]
+    return x
 
 
 def tensors_of(data: Any) -> list[torch.Tensor]:
