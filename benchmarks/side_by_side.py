@@ -24,18 +24,25 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from benchmarks.workloads import http_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def in_fresh_process(module: str, *args: object, cwd: Path | str = ROOT) -> Any:
+def in_fresh_process(
+    module: str, *args: object, cwd: Path | str = ROOT, timeout_s: float | None = None
+) -> Any:
     """Runs ``python -m module args...`` in ``cwd``; returns its last line of output, as JSON.
 
-    Raises ``subprocess.CalledProcessError`` (with its stderr) if it exits non-zero.
+    Raises ``subprocess.CalledProcessError`` (with its stderr) if it exits non-zero, and
+    ``subprocess.TimeoutExpired`` (the process killed) past ``timeout_s``.
     """
     out = subprocess.run(
         [sys.executable, "-m", module, *map(str, args)],
@@ -43,8 +50,92 @@ def in_fresh_process(module: str, *args: object, cwd: Path | str = ROOT) -> Any:
         text=True,
         check=True,
         cwd=cwd,
+        timeout=timeout_s,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def in_fresh_process_sampled(
+    module: str, *args: object, every_s: float = 0.025, timeout_s: float = 300
+) -> dict:
+    """:func:`in_fresh_process`, with the memory of the process and all its descendants
+    sampled from here every ``every_s``. Its result gains:
+
+    - ``peak_pss_gb``: the peak PSS summed over the tree, and ``peak_main_pss_gb`` and
+      ``peak_children_pss_gb`` at that peak;
+    - ``peak_held_gb``: the peak of that sum without its shared memory (``Pss_Shmem``) plus
+      the machine's shared memory in use (``Shmem`` of ``/proc/meminfo``) above its level at
+      the start. PSS counts a page of shared memory only where a process has touched it
+      through its mapping, so a batch segment made by one process and received but not yet
+      read by another counts nowhere; this counts it (and any other process's shared
+      memory made meanwhile: measure on a quiet machine).
+
+    Reading a process's smaps takes its memory map's lock, which its ``fork()`` and page
+    faults then wait for: time a run left alone, and take the memory from a sampled one.
+    """
+    cmd = [sys.executable, "-m", module, *map(str, args)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT)
+        try:
+            peaks = _sample_tree(proc, every_s, time.monotonic() + timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        lines = out.read().strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"{cmd} failed ({proc.returncode}):\n{err.read()[-4000:]}")
+    result = json.loads(lines[-1])
+    result.update({key: value / 2**30 for key, value in peaks.items()})
+    return result
+
+
+def _kib(text: str, field: str) -> int:
+    """Bytes of ``field`` in a ``/proc`` file's ``Field:  N kB`` lines (0 where absent)."""
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _shmem() -> int:
+    return _kib(Path("/proc/meminfo").read_text(), "Shmem")
+
+
+def _sample_tree(proc: subprocess.Popen, every_s: float, deadline: float) -> dict[str, int]:
+    """Peaks in bytes (see :func:`in_fresh_process_sampled`) of ``proc``'s tree until it
+    exits; raises past ``deadline``. The list of descendants is refreshed every 0.1 s."""
+    root = psutil.Process(proc.pid)
+    procs, refreshed, shmem0 = [root], 0.0, _shmem()
+    peaks = dict.fromkeys(
+        ("peak_pss_gb", "peak_main_pss_gb", "peak_children_pss_gb", "peak_held_gb"), 0
+    )
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now > deadline:
+            raise RuntimeError(f"{proc.args} ran past its deadline")
+        if now - refreshed >= 0.1:
+            with contextlib.suppress(psutil.Error):
+                procs = [root, *root.children(recursive=True)]
+            refreshed = now
+        main = rest = shared = 0
+        for p in procs:
+            with contextlib.suppress(OSError):
+                rollup = Path(f"/proc/{p.pid}/smaps_rollup").read_text()
+                pss = _kib(rollup, "Pss")
+                shared += _kib(rollup, "Pss_Shmem")
+                if p.pid == root.pid:
+                    main = pss
+                else:
+                    rest += pss
+        if main + rest > peaks["peak_pss_gb"]:
+            peaks.update(peak_pss_gb=main + rest, peak_main_pss_gb=main, peak_children_pss_gb=rest)
+        held = main + rest - shared + max(0, _shmem() - shmem0)
+        peaks["peak_held_gb"] = max(peaks["peak_held_gb"], held)
+        time.sleep(every_s)
+    return peaks
 
 
 def run(loader: str, workload: str, setting: int, items: int, port: int | None = None) -> dict:

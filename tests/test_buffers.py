@@ -1,34 +1,22 @@
-"""Reused shared-memory batch segments (asyncloader._worker.buffers): a batch the user keeps is
-never overwritten, segments are reused once released, and the pool stays bounded."""
+"""Reused shared-memory batch segments (asyncloader._worker.buffers, on by default): a batch the
+user keeps is never overwritten, segments are reused once released, the pool stays bounded
+and lets its segments go when idle."""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
+import sys
+import time
+from typing import NamedTuple
 
 import pytest
 import torch
 
 from asyncloader import AsyncLoader
-from asyncloader._worker import buffers, plan
+from asyncloader._worker import buffers
 from asyncloader._worker.buffers import BufferPool, Pooled
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def pools(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each worker keeps up to prefetch + 2 segments (the pools are off by default)."""
-    made = plan.BatchPlan.of.__func__
-    monkeypatch.setattr(
-        plan.BatchPlan,
-        "of",
-        classmethod(
-            lambda cls, options: dataclasses.replace(
-                made(cls, options), buffers=options.prefetch + 2
-            )
-        ),
-    )
 
 
 #: Floats per sample: a batch of 4 is 1.5 MiB, above the size that travels by value.
@@ -36,17 +24,28 @@ WIDTH = 96 * 1024
 BATCH = 4
 
 
-def filled_batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+class Pool(NamedTuple):
+    """What a worker's pool was when it lent a batch's tensor."""
+
+    segments: int  # how many it holds (-1: no pool)
+    lent: bool  # the tensor is in one of them (else a fresh segment: none was free)
+
+
+def filled_batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, Pool]:
     """A collate_fn that writes each sample's index over its row of a pooled batch tensor;
-    returns it, the indices, and how many segments this worker's pool holds."""
+    returns it, the indices, and the pool's state."""
     out = buffers.batch_tensor((len(indices), WIDTH), torch.float32)
     for row, index in enumerate(indices):
         out[row].fill_(float(index))
     pool = buffers._pool
-    return out, torch.tensor(indices), len(pool._all) if pool is not None else -1
+    if pool is None:
+        return out, torch.tensor(indices), Pool(-1, False)
+    held = out.untyped_storage().data_ptr()
+    lent = any(slot.storage.data_ptr() == held for slot in pool._all)
+    return out, torch.tensor(indices), Pool(len(pool._all), lent)
 
 
-def check(batch: tuple[torch.Tensor, torch.Tensor, int]) -> None:
+def check(batch: tuple[torch.Tensor, torch.Tensor, Pool]) -> None:
     images, indices, _ = batch
     expected = indices.to(torch.float32)[:, None].expand_as(images)
     assert torch.equal(images, expected), "a batch's contents changed after delivery"
@@ -77,19 +76,33 @@ def test_all_batches_kept_falls_back_to_fresh_segments() -> None:
     batches = list(loader(BATCH * 40, prefetch=2))
     for batch in batches:
         check(batch)
-    bound = 2 + 2  # prefetch_bound + 2, per worker
-    assert max(b[2] for b in batches) == bound
+    bound = 2 * 2 + 2  # the window (prefetch 2, 2 workers) + 2, per worker
+    assert max(b[2].segments for b in batches) == bound
+    assert not all(b[2].lent for b in batches)
 
 
-def test_segments_are_reused_once_released() -> None:
-    """Batches dropped at once: each worker lends the same few segments again and again."""
-    seen = []
-    for batch in loader(BATCH * 80, prefetch=2):
-        check(batch)
-        seen.append(batch[2])
-        del batch
-    assert len(seen) == 80
-    assert max(seen) <= 4, seen  # 40 batches per worker from at most 4 segments
+@pytest.mark.parametrize("collector", ["on", "off"])
+def test_segments_are_reused_once_released(collector: str) -> None:
+    """Batches dropped at once: each worker lends the same few segments again and again, so
+    every batch is in one of them. With the collector off too: no reference cycle of the
+    loader's holds a batch the consumer dropped (one would leave the pools full and the
+    later batches in fresh segments)."""
+    was = gc.isenabled()
+    if collector == "off":
+        gc.disable()
+    try:
+        pools = []
+        for batch in loader(BATCH * 80, prefetch=2):
+            check(batch)
+            pools.append(batch[2])
+            del batch
+    finally:
+        if was:
+            gc.enable()
+    assert len(pools) == 80
+    fresh = [k for k, pool in enumerate(pools) if not pool.lent]
+    assert not fresh, f"batches {fresh} in fresh segments"
+    assert max(pool.segments for pool in pools) <= 2 * 2 + 2
 
 
 def test_persistent_workers_second_epoch() -> None:
@@ -125,7 +138,36 @@ def test_batches_kept_past_their_epoch() -> None:
     gc.collect()
     third = [batch[2] for batch in load]
     load.close()
-    assert max(second + third) <= 4
+    assert not all(pool.lent for pool in second)  # the pools were full of the first epoch's
+    assert all(pool.lent for pool in third)
+
+
+def _torch_segments(pid: int) -> int:
+    """Shared-memory segments that process ``pid`` made with torch and maps (not those it
+    inherited from the training process when forked: their names hold that one's pid)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return len({line.split()[-2] for line in maps if f"/torch_{pid}_" in line})
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
+def test_an_idle_pool_lets_its_segments_go() -> None:
+    """Persistent workers between epochs: once idle for IDLE_S, each worker unmaps every
+    segment of its pool that the consumer let go."""
+    load = loader(BATCH * 20, prefetch=2, persistent_workers=True)
+    iterator = iter(load)
+    pids = [process.pid for process in iterator._workers]
+    for batch in iterator:
+        check(batch)
+    del batch
+    assert max(map(_torch_segments, pids)) > 0, "the pools held no segment during the epoch"
+    deadline = time.monotonic() + 10 * buffers.IDLE_S
+    while max(map(_torch_segments, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    remaining = list(map(_torch_segments, pids))
+    second = [batch[2] for batch in load]  # the pools serve the next epoch again
+    load.close()
+    assert remaining == [0, 0], remaining
+    assert len(second) == 20 and all(pool.lent for pool in second)
 
 
 def test_segment_not_in_the_batch_is_given_back() -> None:

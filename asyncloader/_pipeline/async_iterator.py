@@ -56,6 +56,7 @@ class AsyncIterator:
             task = self._epoch.start()
             loop = asyncio.get_running_loop()
             self._finalizer = finalize_here(self, _cancel_threadsafe, loop, task)
+        self._epoch.asked()
         asked = now()
         try:
             async with asyncio.timeout(self._timeout) as deadline:

@@ -258,6 +258,12 @@ class Epoch:
             self._length.handed_over()
         return item
 
+    def asked(self) -> None:
+        """The consumer asks for its next batch (on its thread): the workers may reuse the
+        shared memory of the batches it has let go since."""
+        if self._transformer is not None:
+            self._transformer.sweep()
+
     def release(self) -> None:
         """The consumer has received a batch: return its permit to the window (on the loop)."""
         at = now()

@@ -225,6 +225,7 @@ class SyncIterator:
         """The next ``(seq, batch)``, recorded as received and its permit returned."""
         if self._done:
             raise StopIteration
+        self._epoch.asked()
         asked = now()
         try:
             kind, payload = self._queue.get(timeout=self._timeout)

@@ -149,6 +149,11 @@ class Transformer:
             result = self._returns.received(result)
         return from_shared(result)
 
+    def sweep(self) -> None:
+        """Tells the workers which of their reused segments the consumer has let go; from any
+        thread (see :class:`~asyncloader._worker.buffers.Returns`)."""
+        self._returns.sweep()
+
     def close(self) -> None:
         """The epoch is over: its workers' reused segments are let go (see
         :class:`~asyncloader._worker.buffers.Returns`)."""

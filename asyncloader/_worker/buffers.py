@@ -25,16 +25,29 @@ holds it. A batch the user keeps is therefore never overwritten, however long it
 segment that never comes back (the epoch closed while the user held it, the batch failed)
 just stays out of use; the pool makes at most ``slots`` segments and then falls back to a
 fresh segment per batch, as without it.
+
+A segment comes back as soon as the user lets go of its batch, because the training process
+checks at each batch it receives and each time the consumer asks for the next one. Nothing
+of the loader's may hold a delivered batch in a reference cycle (only the garbage collector
+would free it, and the segments would come back in bursts). A segment the user still held
+when its epoch closed is checked again every ``IDLE_S`` on the loader's loop and when the
+next epoch begins. A pool that lends nothing for ``IDLE_S`` (the epoch is over: a persistent
+worker waits for the next one) lets all its free segments go, so that their memory goes back
+to the machine between epochs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import math
 import os
 import random
 import sys
+import threading
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +71,8 @@ DEFAULT_SLOTS = 6
 #: Free segments a pool keeps besides the one it lends; more are dropped (after a burst of
 #: batches in flight), so that it holds about what is in flight, not the most ever was.
 KEEP_FREE = 2
+#: Seconds without a lending after which a pool lets its free segments go.
+IDLE_S = 1.0
 
 
 def _marks(storage: torch.UntypedStorage, offset: int) -> torch.Tensor:
@@ -108,31 +123,56 @@ class BufferPool:
     token: tuple[int, int] = field(default_factory=lambda: (os.getpid(), random.getrandbits(62)))
     _all: list[_Slot] = field(default_factory=list)
     _lent: list[tuple[_Slot, int]] = field(default_factory=list)
+    #: Guards ``_all`` and the lendings against :meth:`trim_if_idle` (another thread).
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _used: float = field(default_factory=time.monotonic)
+    _trimming: bool = False
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor in a free segment of exactly its size (the batches of an
         epoch are alike, but for the last), else in a fresh shared segment."""
         nbytes = math.prod(shape) * dtype.itemsize
         capacity = -(-nbytes // TRAILER) * TRAILER
-        free = [s for s in self._all if s.capacity == capacity and s.free]
-        slot = free[0] if free else None
-        for spare in free[1 + KEEP_FREE :]:  # after a burst: let the memory go
-            self._all.remove(spare)
-        if slot is None and len(self._all) < self.slots and nbytes:
-            slot = _Slot(capacity)
-            self._all.append(slot)
-        if slot is None:
-            return empty_shared(shape, dtype)
-        self._lent.append((slot, slot.lend()))
+        with self._lock:
+            self._used = time.monotonic()
+            free = [s for s in self._all if s.capacity == capacity and s.free]
+            slot = free[0] if free else None
+            for spare in free[1 + KEEP_FREE :]:  # after a burst: let the memory go
+                self._all.remove(spare)
+            if slot is None and len(self._all) < self.slots and nbytes:
+                slot = _Slot(capacity)
+                self._all.append(slot)
+                self._trim_when_idle()
+            if slot is None:
+                return empty_shared(shape, dtype)
+            self._lent.append((slot, slot.lend()))
         return torch.empty(0, dtype=dtype).set_(slot.storage, 0, shape)
+
+    def _trim_when_idle(self) -> None:
+        """Starts, once, a daemon thread that calls :meth:`trim_if_idle` every ``IDLE_S``."""
+        if not self._trimming:
+            self._trimming = True
+            threading.Thread(
+                target=_trim_while_alive, args=(self,), name="asyncloader-pool-trim", daemon=True
+            ).start()
+
+    def trim_if_idle(self) -> int:
+        """Lets every free segment go once nothing was lent for ``IDLE_S``; how many."""
+        with self._lock:
+            if time.monotonic() - self._used < IDLE_S:
+                return 0
+            free = [s for s in self._all if s.free]
+            self._all = [s for s in self._all if not s.free]
+        return len(free)
 
     def settle(self, batch: Any) -> Any:
         """``batch`` (already in shared memory) as it leaves the worker: wrapped in a
         :class:`Pooled` naming the segments it holds, where it holds any. A segment lent since
         the last call that the batch does not hold is given back at once."""
-        if not self._lent:
+        with self._lock:
+            lent, self._lent = self._lent, []
+        if not lent:
             return batch
-        lent, self._lent = self._lent, []
         held = {t.untyped_storage().data_ptr(): k for k, t in enumerate(_tensors(batch))}
         found = []
         for slot, generation in lent:
@@ -161,6 +201,13 @@ def set_pool_slots(slots: int) -> None:
     """Gives this worker process a pool of ``slots`` segments (0: none)."""
     global _pool
     _pool = BufferPool(slots) if slots > 0 else None
+
+
+def _trim_while_alive(pool: BufferPool) -> None:
+    """Trims ``pool`` every ``IDLE_S`` for as long as it is this process's pool."""
+    while _pool is pool:
+        time.sleep(IDLE_S)
+        pool.trim_if_idle()
 
 
 def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -216,11 +263,16 @@ class _Held:
 
 #: Segments of closed :class:`Returns` that the user still held: swept by every Returns.
 _leftover: list[_Held] = []
+#: Guards every :class:`Returns` and ``_leftover``: the loader's loop records a batch while the
+#: consumer's thread sweeps (:meth:`Returns.sweep` at each ``next()``).
+_lock = threading.Lock()
 
 
 class Returns:
     """The training process's side: receives :class:`Pooled` batches and tells each worker
-    when a segment is free again (at each batch received, and at :meth:`close`).
+    when a segment is free again: at each batch received, each time the consumer asks for its
+    next batch (from its own thread; by then the batch before last is usually let go), and at
+    :meth:`close`.
 
     Where torch cannot count a storage's users (:func:`storage_users` is ``None``) nothing is
     ever reported free: the workers then fall back to a fresh segment per batch.
@@ -228,12 +280,15 @@ class Returns:
 
     def __init__(self) -> None:
         self._held: dict[tuple[tuple[int, int], int], _Held] = {}
+        with _lock:  # a new epoch: what the user let go since the last is free for it
+            _sweep_leftover()
 
     def received(self, pooled: Pooled) -> Any:
         """The batch inside ``pooled``, its segments recorded."""
         tensors = _tensors(pooled.batch)
-        for k, slot, generation in pooled.lent:
-            self._record((pooled.token, slot), tensors[k], generation)
+        with _lock:
+            for k, slot, generation in pooled.lent:
+                self._record((pooled.token, slot), tensors[k], generation)
         del tensors
         self.sweep()
         return pooled.batch
@@ -249,16 +304,49 @@ class Returns:
 
     def sweep(self) -> None:
         """Reports free every segment the user no longer holds, and lets go of this process's
-        mapping of it (the worker may drop it; if it lends it again, it comes back)."""
-        released = [key for key, held in self._held.items() if held.release_if_unused()]
-        for key in released:
-            del self._held[key]
-        if _leftover:
-            _leftover[:] = [held for held in _leftover if not held.release_if_unused()]
+        mapping of it (the worker may drop it; if it lends it again, it comes back). Safe from
+        any thread."""
+        if not (self._held or _leftover):
+            return
+        with _lock:
+            released = [key for key, held in self._held.items() if held.release_if_unused()]
+            for key in released:
+                del self._held[key]
+            _sweep_leftover()
 
     def close(self) -> None:
         """The epoch is over: drops this process's mappings of the segments. One the user
-        still holds is reported free once released, by a later sweep."""
+        still holds is reported free once released: by a later sweep, or, where this runs on
+        an event loop, by that loop every ``IDLE_S`` (so an idle worker can let it go)."""
         self.sweep()
-        _leftover.extend(self._held.values())
-        self._held.clear()
+        with _lock:
+            _leftover.extend(self._held.values())
+            self._held.clear()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if _leftover and loop not in _resweeping:
+            _resweeping.add(loop)
+            loop.call_later(IDLE_S, _resweep, loop)
+
+
+#: Loops that sweep ``_leftover`` every ``IDLE_S`` until it is empty.
+_resweeping: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def _sweep_leftover() -> None:
+    """Reports free the segments of closed :class:`Returns` that the user let go since;
+    under ``_lock``."""
+    if _leftover:
+        _leftover[:] = [held for held in _leftover if not held.release_if_unused()]
+
+
+def _resweep(loop: asyncio.AbstractEventLoop) -> None:
+    with _lock:
+        _sweep_leftover()
+        again = bool(_leftover)
+    if again:
+        loop.call_later(IDLE_S, _resweep, loop)
+    else:
+        _resweeping.discard(loop)

@@ -42,8 +42,8 @@ class BatchPlan:
             batch (see :func:`run_skipping`).
         getitems: The dataset's ``__getitems__`` fetches each batch in one call
             (:mod:`asyncloader._worker.getitems`).
-        buffers: Shared-memory batch segments each worker process may keep for reuse
-            (:mod:`asyncloader._worker.buffers`; 0: none).
+        buffers: Shared-memory batch segments each worker process may keep for reuse, at
+            most (:mod:`asyncloader._worker.buffers`; 0: none).
     """
 
     dataset: Any
@@ -64,8 +64,10 @@ class BatchPlan:
             batched=options.batched,
             skip=options.on_error == "skip",
             getitems=options.batch_fetch,
-            # Off: kept segments measured more memory than they saved CPU (docs/workers.md).
-            buffers=0,
+            # One worker may hold every batch of the window (the others slow), +2: the one
+            # the consumer holds and one it let go that is not lent again yet. A bound only:
+            # a pool holds what is in use at once, as fresh segments would (docs/workers.md).
+            buffers=options.window + 2,
         )
 
     def sent(self, worker_init_fn: Any) -> dict[str, Any]:

@@ -7,15 +7,20 @@ way out of the worker costs CPU. Cases, each a fresh process, alternating, ``--r
 
 - ``alone``: ``ImageBatch(224)`` on lists of 64 in one process, one torch thread: the floor;
 - ``fresh``: ``AsyncLoader(pairs, batch_size=64, num_workers=2, collate_fn=ImageBatch(224))``
-  as it is (each batch a fresh 38 MB segment);
+  as it is (each batch a fresh 38 MB segment); the consumer reads one value of every page of
+  each batch, as a copy to the GPU reads them all (and as it must, for the training
+  process's share of the segments to count in its PSS);
 - ``reused``: the same with each worker keeping up to ``SLOTS`` segments for reuse (off by
   default; turned on here).
 
 Reported per case: the median CPU ms per image of the whole process tree (``getrusage`` of
 the process and its reaped children, worker start included), images/s, and minor page faults
-per image; and reused/alone, fresh/alone.
+per image, from runs left alone; reused/alone, fresh/alone; and the peak memory the run held
+(``peak_held_gb`` of :func:`~benchmarks.side_by_side.in_fresh_process_sampled`: the process
+tree's PSS without shared memory, plus the shared memory in use), from a second run of each
+case sampled every 25 ms (sampling slows a run's page faults, so its times are not used).
 
-``python -m benchmarks.probes.batch_buffers [--reps 5] [--images 6144]``
+``python -m benchmarks.probes.batch_buffers [--reps 5] [--images 6144] [--step-ms 0]``
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.side_by_side import in_fresh_process
+from benchmarks.side_by_side import in_fresh_process, in_fresh_process_sampled
 
 CASES = ("alone", "fresh", "reused")
 BATCH = 64
 DISTINCT = 1536
 CACHE = Path(".cache/batch_buffers_images.pkl")
+#: float32 values per 4 KiB page.
+PAGE_FLOATS = 1024
 #: Segments per worker in the ``reused`` case: ``prefetch="auto"``'s bound + 2.
 SLOTS = 18
 
@@ -72,8 +79,9 @@ def with_pools(slots: int) -> None:
     )
 
 
-def one(case: str, n: int) -> dict[str, Any]:
-    """One run of ``case`` in this process."""
+def one(case: str, n: int, step_ms: float = 0.0) -> dict[str, Any]:
+    """One run of ``case`` in this process; the consumer spends ``step_ms`` per batch (a
+    training step that releases the GIL, as a GPU step does)."""
     import torch
 
     from asyncloader import AsyncLoader
@@ -90,7 +98,12 @@ def one(case: str, n: int) -> dict[str, Any]:
         if case == "reused":
             with_pools(SLOTS)
         loader = AsyncLoader(pairs, batch_size=BATCH, num_workers=2, collate_fn=collate)
-        seen = sum(len(labels) for _, labels in loader)
+        seen = 0
+        for images, labels in loader:
+            images.view(-1)[::PAGE_FLOATS].sum()  # reads every page, as a copy to the GPU does
+            if step_ms:
+                time.sleep(step_ms / 1e3)
+            seen += len(labels)
         loader.close()
         if seen != n:
             raise RuntimeError(f"{case}: {seen} images delivered, {n} expected")
@@ -106,19 +119,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--images", type=int, default=6144)
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="a consumer's step per batch (sleeps)"
+    )
     parser.add_argument("--one", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.images)))
+        print(json.dumps(one(args.one, args.images, args.step_ms)))
         return
     runs: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
     for rep in range(args.reps):
         for case in CASES if rep % 2 == 0 else CASES[::-1]:
-            runs[case].append(
-                in_fresh_process(
-                    "benchmarks.probes.batch_buffers", "--one", case, "--images", args.images
-                )
-            )
+            args_of = ("benchmarks.probes.batch_buffers", "--one", case, "--images", args.images)
+            args_of += ("--step-ms", args.step_ms)
+            timed = in_fresh_process(*args_of)
+            sampled = in_fresh_process_sampled(*args_of)
+            runs[case].append({**timed, "peak_held_gb": sampled["peak_held_gb"]})
     medians = {
         case: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
         for case, rs in runs.items()
@@ -129,17 +145,21 @@ def main() -> None:
     )
     print(
         f"  {'case':8s} {'CPU ms/image':>12s} {'images/s':>9s} {'faults/image':>12s} "
-        f"{'vs alone':>9s}"
+        f"{'vs alone':>9s} {'peak GB':>8s}"
     )
     alone = medians["alone"]["cpu_ms"]
     for case, m in medians.items():
         print(
             f"  {case:8s} {m['cpu_ms']:12.3f} {m['images_per_s']:9.0f} {m['faults']:12.1f} "
-            f"{m['cpu_ms'] / alone - 1:+8.0%}"
+            f"{m['cpu_ms'] / alone - 1:+8.0%} {m['peak_held_gb']:8.2f}"
         )
     print(
         "  per-run CPU ms/image:",
         {c: [round(r["cpu_ms"], 2) for r in rs] for c, rs in runs.items()},
+    )
+    print(
+        "  per-run peak GB:",
+        {c: [round(r["peak_held_gb"], 2) for r in rs] for c, rs in runs.items()},
     )
 
 

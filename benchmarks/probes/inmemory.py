@@ -55,11 +55,8 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,8 +65,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks import summaries
+from benchmarks.side_by_side import in_fresh_process, in_fresh_process_sampled
 
-ROOT = Path(__file__).resolve().parents[2]
 BATCH = 256
 WORKERS = 2
 ROW = 4096  # bytes per array item
@@ -80,7 +77,6 @@ REFERENCE = "DataLoader"
 LOADERS = ("DataLoader", "AsyncLoader")
 VARIANT = "AsyncLoader forkserver"  # dicts only
 SAMPLE_EVERY_S = 0.025
-REFRESH_EVERY_S = 0.1
 RUN_TIMEOUT_S = 300
 KEYS = (
     "ttfb1_s",
@@ -239,52 +235,13 @@ def run_timed_then_sampled(kind: str, loader: str, batches: int, epochs: int = 2
 def run_sampled(kind: str, loader: str, batches: int, epochs: int = 2, sample: bool = True) -> dict:
     """One fresh-process run, with its tree's peak summed PSS sampled from here (with
     ``sample``; else ``peak_*`` are 0)."""
-    cmd = [sys.executable, "-m", "benchmarks.probes.inmemory", "--one", kind, loader]
-    cmd += ["--batches", str(batches), "--epochs", str(epochs)]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT)
-        root = psutil.Process(proc.pid)
-        procs, peak, at_peak, refreshed = [root], 0, (0, 0), 0.0
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        if not sample:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                raise RuntimeError(f"{kind} {loader} ran past {RUN_TIMEOUT_S} s") from None
-        while proc.poll() is None:
-            now = time.monotonic()
-            if now > deadline:
-                proc.kill()
-                proc.wait()
-                raise RuntimeError(f"{kind} {loader} ran past {RUN_TIMEOUT_S} s")
-            if now - refreshed >= REFRESH_EVERY_S:
-                with contextlib.suppress(psutil.Error):
-                    procs = [root, *root.children(recursive=True)]
-                refreshed = now
-            main = rest = 0
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    pss = p.memory_full_info().pss
-                    if p.pid == root.pid:
-                        main = pss
-                    else:
-                        rest += pss
-            if main + rest > peak:
-                peak, at_peak = main + rest, (main, rest)
-            time.sleep(SAMPLE_EVERY_S)
-        out.seek(0)
-        err.seek(0)
-        lines = out.read().strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"{kind} {loader} failed ({proc.returncode}):\n{err.read()[-4000:]}")
-    result = json.loads(lines[-1])
-    result.update(
-        peak_pss_gb=peak / 2**30,
-        peak_main_pss_gb=at_peak[0] / 2**30,
-        peak_children_pss_gb=at_peak[1] / 2**30,
-    )
+    args = ("--one", kind, loader, "--batches", batches, "--epochs", epochs)
+    if sample:
+        return in_fresh_process_sampled(
+            "benchmarks.probes.inmemory", *args, every_s=SAMPLE_EVERY_S, timeout_s=RUN_TIMEOUT_S
+        )
+    result = in_fresh_process("benchmarks.probes.inmemory", *args, timeout_s=RUN_TIMEOUT_S)
+    result.update(peak_pss_gb=0.0, peak_main_pss_gb=0.0, peak_children_pss_gb=0.0)
     return result
 
 
