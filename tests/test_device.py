@@ -1,9 +1,11 @@
 """The device stage: order, the asyncloader-device thread, its bound, shutdown, CUDA safety."""
 
 import asyncio
+import gc
 import threading
 import time
 import warnings
+import weakref
 from typing import ClassVar
 
 import numpy as np
@@ -177,3 +179,22 @@ def test_cuda_copies_overlap_with_compute():
         waits.append(time.perf_counter() - start)
     it.close()
     assert sorted(waits)[len(waits) // 2] < copy_s
+
+
+@pytest.mark.cuda
+def test_cuda_batch_is_freed_when_dropped_without_the_collector():
+    """A batch handed over on the GPU is freed as soon as the consumer drops it: nothing of the
+    loader's holds it in a reference cycle (the collector is off here)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        loader = AsyncLoader(ArrayDataset(64, 1 << 10), batch_size=4, device="cuda")
+        alive = []
+        for batch in loader:
+            alive.append(weakref.ref(batch))
+            del batch
+        left = [k for k, ref in enumerate(alive) if ref() is not None]
+    finally:
+        if was:
+            gc.enable()
+    assert len(alive) == 16 and not left, f"batches {left} still alive"

@@ -6,12 +6,12 @@ repeated), in memory as ``(jpeg, label)`` pairs, so that nothing but decoding an
 way out of the worker costs CPU. Cases, each a fresh process, alternating, ``--reps`` rounds:
 
 - ``alone``: ``ImageBatch(224)`` on lists of 64 in one process, one torch thread: the floor;
-- ``fresh``: ``AsyncLoader(pairs, batch_size=64, num_workers=2, collate_fn=ImageBatch(224))``
-  as it is (each batch a fresh 38 MB segment); the consumer reads one value of every page of
-  each batch, as a copy to the GPU reads them all (and as it must, for the training
-  process's share of the segments to count in its PSS);
-- ``reused``: the same with each worker keeping up to ``SLOTS`` segments for reuse (off by
-  default; turned on here).
+- ``reused``: ``AsyncLoader(pairs, batch_size=64, num_workers=2, collate_fn=ImageBatch(224))``
+  as it is: each worker writes its batches into the shared-memory segments of batches the
+  consumer has let go (``asyncloader._worker.buffers``). The consumer reads one value of
+  every page of each batch, as a copy to the GPU reads them all (and as it must, for the
+  training process's share of the segments to count in its memory);
+- ``fresh``: the same with the workers' pools turned off: each batch a fresh 38 MB segment.
 
 Reported per case: the median CPU ms per image of the whole process tree (``getrusage`` of
 the process and its reaped children, worker start included), images/s, and minor page faults
@@ -20,7 +20,7 @@ per image, from runs left alone; reused/alone, fresh/alone; and the peak memory 
 tree's PSS without shared memory, plus the shared memory in use), from a second run of each
 case sampled every 25 ms (sampling slows a run's page faults, so its times are not used).
 
-``python -m benchmarks.probes.batch_buffers [--reps 5] [--images 6144] [--step-ms 0]``
+``python -m benchmarks.probes.batch_buffers [--reps 5] [--images 6144] [--step-ms 0] [--save]``
 """
 
 from __future__ import annotations
@@ -36,16 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import summaries
 from benchmarks.side_by_side import in_fresh_process, in_fresh_process_sampled
 
-CASES = ("alone", "fresh", "reused")
+CASES = ("alone", "reused", "fresh")
 BATCH = 64
 DISTINCT = 1536
 CACHE = Path(".cache/batch_buffers_images.pkl")
 #: float32 values per 4 KiB page.
 PAGE_FLOATS = 1024
-#: Segments per worker in the ``reused`` case: ``prefetch="auto"``'s bound + 2.
-SLOTS = 18
 
 
 def _usage() -> tuple[float, int]:
@@ -95,8 +94,8 @@ def one(case: str, n: int, step_ms: float = 0.0) -> dict[str, Any]:
         for i in range(0, n, BATCH):
             collate(pairs[i : i + BATCH])
     else:
-        if case == "reused":
-            with_pools(SLOTS)
+        if case == "fresh":
+            with_pools(0)
         loader = AsyncLoader(pairs, batch_size=BATCH, num_workers=2, collate_fn=collate)
         seen = 0
         for images, labels in loader:
@@ -123,44 +122,66 @@ def main() -> None:
         "--step-ms", type=float, default=0.0, help="a consumer's step per batch (sleeps)"
     )
     parser.add_argument("--one", choices=CASES, help=argparse.SUPPRESS)
+    summaries.add_save_argument(parser, "batch_buffers")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.images, args.step_ms)))
         return
+    runs = measure(args.reps, args.images, args.step_ms)
+    text = table(runs, args.reps, args.images, args.step_ms)
+    print(text)
+    if args.save:
+        medians = {case: _medians(rs) for case, rs in runs.items()}
+        alone = medians["alone"]["cpu_ms"]
+        summary = {
+            "reps": args.reps,
+            "images": args.images,
+            "step_ms": args.step_ms,
+            "medians": medians,
+            "cpu_x_alone": {case: m["cpu_ms"] / alone for case, m in medians.items()},
+            "runs": runs,
+            "table": text,
+        }
+        summaries.save(args.save, summary)
+
+
+def measure(reps: int, images: int, step_ms: float) -> dict[str, list[dict[str, Any]]]:
+    """Each case ``reps`` times, alternating: a run left alone for the times, then a sampled
+    one for the memory."""
     runs: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
-    for rep in range(args.reps):
+    for rep in range(reps):
         for case in CASES if rep % 2 == 0 else CASES[::-1]:
-            args_of = ("benchmarks.probes.batch_buffers", "--one", case, "--images", args.images)
-            args_of += ("--step-ms", args.step_ms)
+            args_of = ("benchmarks.probes.batch_buffers", "--one", case, "--images", images)
+            args_of += ("--step-ms", step_ms)
             timed = in_fresh_process(*args_of)
             sampled = in_fresh_process_sampled(*args_of)
             runs[case].append({**timed, "peak_held_gb": sampled["peak_held_gb"]})
-    medians = {
-        case: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
-        for case, rs in runs.items()
-    }
-    print(
-        f"ImageBatch(224), {args.images} in-memory JPEGs, batch {BATCH}; medians of "
-        f"{args.reps} fresh processes each, alternating"
-    )
-    print(
-        f"  {'case':8s} {'CPU ms/image':>12s} {'images/s':>9s} {'faults/image':>12s} "
-        f"{'vs alone':>9s} {'peak GB':>8s}"
-    )
+    return runs
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def table(runs: dict[str, list[dict[str, Any]]], reps: int, images: int, step_ms: float) -> str:
+    """The medians per case, and each run's CPU and memory."""
+    medians = {case: _medians(rs) for case, rs in runs.items()}
     alone = medians["alone"]["cpu_ms"]
+    lines = [
+        f"ImageBatch(224), {images} in-memory JPEGs, batch {BATCH}, step {step_ms} ms; medians "
+        f"of {reps} fresh processes each, alternating",
+        f"  {'case':8s} {'CPU ms/image':>12s} {'images/s':>9s} {'faults/image':>12s} "
+        f"{'vs alone':>9s} {'peak GB':>8s}",
+    ]
     for case, m in medians.items():
-        print(
+        lines.append(
             f"  {case:8s} {m['cpu_ms']:12.3f} {m['images_per_s']:9.0f} {m['faults']:12.1f} "
             f"{m['cpu_ms'] / alone - 1:+8.0%} {m['peak_held_gb']:8.2f}"
         )
-    print(
-        "  per-run CPU ms/image:",
-        {c: [round(r["cpu_ms"], 2) for r in rs] for c, rs in runs.items()},
-    )
-    print(
-        "  per-run peak GB:",
-        {c: [round(r["peak_held_gb"], 2) for r in rs] for c, rs in runs.items()},
-    )
+    for key, name in (("cpu_ms", "CPU ms/image"), ("peak_held_gb", "peak GB")):
+        per_run = {c: [round(r[key], 2) for r in rs] for c, rs in runs.items()}
+        lines.append(f"  per-run {name}: {per_run}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
