@@ -45,7 +45,7 @@ def unsafe_to_wait() -> bool:
     that submits would deadlock. An explicit ``gc.collect()`` (the lock free) may wait. Nor
     while this thread holds the lock of the loops' registry (:func:`_registry`): a collection
     that starts at an allocation there would wait for a loop thread that, ending, waits for
-    that lock."""
+    that lock; nor under any other lock taken with :func:`holding`."""
     if _parked or getattr(_gc_state, "holding", False):
         return True
     return getattr(_gc_state, "active", False) and thread_pools_locked()
@@ -59,14 +59,21 @@ _parked = 0  # loops_parked() blocks under way
 
 
 @contextlib.contextmanager
-def _registry() -> Iterator[None]:
-    """``_loops_lock`` held, known to this thread's :func:`unsafe_to_wait`."""
-    with _loops_lock:
+def holding(lock: threading.Lock) -> Iterator[None]:
+    """``lock`` held, known to this thread's :func:`unsafe_to_wait`: for a lock that a loop
+    thread may take while a finalizer on this thread would wait for that loop."""
+    with lock:
+        before = getattr(_gc_state, "holding", False)
         _gc_state.holding = True
         try:
             yield
         finally:
-            _gc_state.holding = False
+            _gc_state.holding = before
+
+
+def _registry() -> contextlib.AbstractContextManager[None]:
+    """``_loops_lock`` held, known to this thread's :func:`unsafe_to_wait`."""
+    return holding(_loops_lock)
 
 
 #: How long :func:`loops_parked` waits for a loop to reach its park (a loop never blocks

@@ -55,6 +55,7 @@ import torch
 
 from asyncloader._base.compat import empty_shared, new_shared_storage, storage_users
 from asyncloader._base.structure import tensors_of
+from asyncloader._base.threads import holding
 from asyncloader._worker.transport import WithArrays
 
 
@@ -264,7 +265,9 @@ class _Held:
 #: Segments of closed :class:`Returns` that the user still held: swept by every Returns.
 _leftover: list[_Held] = []
 #: Guards every :class:`Returns` and ``_leftover``: the loader's loop records a batch while the
-#: consumer's thread sweeps (:meth:`Returns.sweep` at each ``next()``).
+#: consumer's thread sweeps (:meth:`Returns.sweep` at each ``next()``). Always taken with
+#: :func:`~asyncloader._base.threads.holding`: the loop takes it to close an epoch, so a
+#: finalizer run under it must not wait for the loop.
 _lock = threading.Lock()
 
 
@@ -280,13 +283,13 @@ class Returns:
 
     def __init__(self) -> None:
         self._held: dict[tuple[tuple[int, int], int], _Held] = {}
-        with _lock:  # a new epoch: what the user let go since the last is free for it
+        with holding(_lock):  # a new epoch: what the user let go since the last is free for it
             _sweep_leftover()
 
     def received(self, pooled: Pooled) -> Any:
         """The batch inside ``pooled``, its segments recorded."""
         tensors = _tensors(pooled.batch)
-        with _lock:
+        with holding(_lock):
             for k, slot, generation in pooled.lent:
                 self._record((pooled.token, slot), tensors[k], generation)
         del tensors
@@ -308,7 +311,7 @@ class Returns:
         any thread."""
         if not (self._held or _leftover):
             return
-        with _lock:
+        with holding(_lock):
             released = [key for key, held in self._held.items() if held.release_if_unused()]
             for key in released:
                 del self._held[key]
@@ -319,7 +322,7 @@ class Returns:
         still holds is reported free once released: by a later sweep, or, where this runs on
         an event loop, by that loop every ``IDLE_S`` (so an idle worker can let it go)."""
         self.sweep()
-        with _lock:
+        with holding(_lock):
             _leftover.extend(self._held.values())
             self._held.clear()
         try:
@@ -343,7 +346,7 @@ def _sweep_leftover() -> None:
 
 
 def _resweep(loop: asyncio.AbstractEventLoop) -> None:
-    with _lock:
+    with holding(_lock):
         _sweep_leftover()
         again = bool(_leftover)
     if again:
