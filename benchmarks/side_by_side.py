@@ -179,7 +179,28 @@ def main() -> None:
             for key in ("items_per_s", "steady_items_per_s", "ttfb_s", "cpu_s")
         )
         print(f"{loader:30s} {items:8.0f} {steady:8.0f} {first:9.3f} {cpu:7.2f}")
+    print(*spread(runs), sep="\n")
     print("load average at the end:", *(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def spread(runs: dict[str, list[dict]]) -> list[str]:
+    """Each run's items/s, and each loader's per-round ratio to the last loader named (the
+    rounds ran side by side), with its median and range."""
+    lines = [
+        f"  per run items/s, {name}: {[round(r['items_per_s']) for r in rs]}"
+        for name, rs in runs.items()
+    ]
+    *others, anchor = runs
+    for name in others:
+        ratios = [
+            mine["items_per_s"] / theirs["items_per_s"]
+            for mine, theirs in zip(runs[name], runs[anchor], strict=True)
+        ]
+        lines.append(
+            f"  {name} / {anchor} per round: median {statistics.median(ratios):.3f}x, "
+            f"range {min(ratios):.3f}-{max(ratios):.3f} ({[round(x, 3) for x in ratios]})"
+        )
+    return lines
 
 
 if __name__ == "__main__":
