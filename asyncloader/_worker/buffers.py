@@ -30,10 +30,10 @@ A segment comes back as soon as the user lets go of its batch, because the train
 checks at each batch it receives and each time the consumer asks for the next one. Nothing
 of the loader's may hold a delivered batch in a reference cycle (only the garbage collector
 would free it, and the segments would come back in bursts). A segment the user still held
-when its epoch closed is checked again every ``IDLE_S`` on the loader's loop and when the
-next epoch begins. A pool that lends nothing for ``IDLE_S`` (the epoch is over: a persistent
-worker waits for the next one) lets all its free segments go, so that their memory goes back
-to the machine between epochs.
+when its epoch closed is checked again every ``IDLE_S`` on the loop that epoch ran on, and
+when the next epoch begins. A pool that lends nothing for ``IDLE_S`` (the epoch is over: a
+persistent worker waits for the next one) lets all its free segments go, so that their memory
+goes back to the machine between epochs.
 """
 
 from __future__ import annotations
