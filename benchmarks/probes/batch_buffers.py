@@ -68,8 +68,8 @@ def _pairs(n: int) -> list[tuple[bytes, int]]:
 
 
 def with_pools(slots: int) -> None:
-    """Workers started from now on keep up to ``slots`` segments each (the pools are off by
-    default: docs/workers.md)."""
+    """Workers started from now on keep up to ``slots`` segments each (0: none, a fresh
+    segment per batch; by default the bound is the window + 2: docs/workers.md)."""
     from asyncloader._worker import plan
 
     made = plan.BatchPlan.of.__func__  # type: ignore[attr-defined]
