@@ -14,12 +14,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torch.utils.data import default_collate
+
 from asyncloader._base.failure import Failure
 from asyncloader._base.seeding import Seeds, call_seeded
 from asyncloader._base.skipping import Skip, Trimmed
 from asyncloader._base.worker_info import get_worker_info
 from asyncloader._worker.buffers import settle
 from asyncloader._worker.collate import worker_collate
+from asyncloader._worker.columns import ColumnReader, reads_columns
 from asyncloader._worker.getitems import getitems, getitems_skipping
 from asyncloader._worker.startup import init_failure, mark_running, shares_batches, worker_plan
 from asyncloader._worker.transport import by_value, to_shared
@@ -44,6 +47,8 @@ class BatchPlan:
             (:mod:`asyncloader._worker.getitems`).
         buffers: Shared-memory batch segments each worker process may keep for reuse, at
             most (:mod:`asyncloader._worker.buffers`; 0: none).
+        columns: Reads a ``datasets.Dataset``'s batches as columns where that is the batch
+            DataLoader makes (:mod:`asyncloader._worker.columns`); ``None``: never.
     """
 
     dataset: Any
@@ -53,6 +58,7 @@ class BatchPlan:
     skip: bool = False
     getitems: bool = False
     buffers: int = 0
+    columns: ColumnReader | None = None
 
     @classmethod
     def of(cls, options: Options) -> BatchPlan:
@@ -68,6 +74,7 @@ class BatchPlan:
             # the consumer holds and one it let go that is not lent again yet. A bound only:
             # a pool holds what is in use at once, as fresh segments would (docs/workers.md).
             buffers=options.window + 2,
+            columns=ColumnReader() if _by_columns(options) else None,
         )
 
     def sent(self, worker_init_fn: Any) -> dict[str, Any]:
@@ -78,6 +85,19 @@ class BatchPlan:
             "collate_fn": self.collate,
             "worker_init_fn": worker_init_fn,
         }
+
+
+def _by_columns(options: Options) -> bool:
+    """Whole ``__getitems__`` batches, as they come, collated by ``default_collate``, of a
+    dataset whose batch that is the same as its columns (:mod:`asyncloader._worker.columns`)."""
+    return (
+        options.batch_fetch
+        and options.engine_fetches
+        and options.collate is default_collate
+        and options.transform is None
+        and options.on_error != "skip"
+        and reads_columns(options.dataset)
+    )
 
 
 def leave_worker(batch: Any) -> Any:
@@ -119,17 +139,29 @@ def run_batch(
     plan = plan if plan is not None else worker_plan()
     assert plan is not None, "run_batch without a plan outside an initialised worker"
     mark_running(seq)
-    epoch_seed = None
-    if seeds is not None:
-        seeds.seed_batch(seq)
-        epoch_seed = seeds.sample_seeds
-    if plan.skip:
-        try:
-            return run_skipping(plan, seq, indices, samples, epoch_seed)
-        finally:
-            mark_running(-1)
+    try:
+        epoch_seed = None
+        if seeds is not None:
+            seeds.seed_batch(seq)
+            epoch_seed = seeds.sample_seeds
+        run = run_skipping if plan.skip else _run
+        return run(plan, seq, indices, samples, epoch_seed)
+    finally:
+        mark_running(-1)
+
+
+def _run(
+    plan: BatchPlan, seq: int, indices: Sequence[Any], samples: list[Any] | None, epoch_seed: Any
+) -> Any:
+    """:func:`run_batch` without ``on_error="skip"``: the batch or the Failure of the stage
+    and sample that raised."""
     stage, index = "fetch", None
     try:
+        if samples is None and plan.columns is not None:
+            batch = plan.columns.read(plan.dataset, indices)
+            if batch is not None:
+                stage = "share"
+                return leave_worker(batch)
         if samples is None and plan.getitems:
             samples = getitems(plan.dataset, indices, plan.transform is not None)
         elif samples is None:
@@ -150,8 +182,6 @@ def run_batch(
         return leave_worker(batch)
     except Exception as exc:
         return Failure.capture(exc, stage, seq, indices, index)
-    finally:
-        mark_running(-1)
 
 
 def run_skipping(
