@@ -5,17 +5,21 @@ The dataset: ``--rows`` rows (100,000 by default) of an ``int64`` label (the row
 a ``float32`` feature vector of ``--dim`` values (16; the first is the row's number again),
 ``.with_format("torch")``, in memory. Both loaders read it with ``batch_size=256``,
 ``shuffle=True`` and the default collate, as a user would write it; DataLoader calls the
-dataset's ``__getitems__`` once per batch, and so does AsyncLoader.
+dataset's ``__getitems__`` once per batch; AsyncLoader reads the batch's columns with one
+``dataset[indices]`` (the dict that ``__getitems__`` splits into rows).
 
 Cases: each loader with ``num_workers`` 0 and 2, and AsyncLoader with ``fetch_in_workers=True``
-and 2 workers. Each run is a fresh process (the dataset built and the heap collected before
-the clock starts, as :func:`benchmarks.run_one.measure` times it: from building the loader to
-its last batch, worker start included), the cases alternating, ``--reps`` times; every batch
-is checked (each row exactly once, features matching labels). ``--step-ms S`` adds a training
-step after each batch that waits S ms without holding the GIL (``time.sleep``, as a step
-waiting on the GPU does); by default the consumer only checks the batch. Reported: the median
-rows/s over the epoch, after the first batch (steady), CPU ms per 1000 rows of the whole
-process tree, and the ratio to DataLoader with the same ``num_workers``.
+and 2 workers; and DataLoader "by columns", the fastest a DataLoader user can read this
+dataset: a ``BatchSampler`` passed as ``sampler`` with ``batch_size=None``, so that each batch
+is one ``dataset[indices]`` and nothing is collated. Each run is a fresh process (the dataset
+built and the heap collected before the clock starts, as :func:`benchmarks.run_one.measure`
+times it: from building the loader to its last batch, worker start included), the cases
+alternating, ``--reps`` times; every batch is checked (each row exactly once, features
+matching labels). ``--step-ms S`` adds a training step after each batch that waits S ms
+without holding the GIL (``time.sleep``, as a step waiting on the GPU does); by default the
+consumer only checks the batch. Reported: the median rows/s over the epoch, after the first
+batch (steady), CPU ms per 1000 rows of the whole process tree, and the per-round ratios to
+DataLoader with the same ``num_workers``, plain and by columns.
 
 ``python -m benchmarks.probes.hf_datasets [--reps 3] [--rows 100000] [--dim 16]
 [--step-ms 0] [--only CASE...] [--save [SECTION]]``
@@ -37,6 +41,9 @@ CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
     "DataLoader, 0 workers": ("DataLoader", 0, {}),
     "AsyncLoader, 0 workers": ("AsyncLoader", 0, {}),
     "DataLoader, 2 workers": ("DataLoader", 2, {}),
+    # The batch sampler as DataLoader's sampler: one dataset[indices] per batch, no collate.
+    "DataLoader by columns, 0 workers": ("DataLoader", 0, {"by_columns": True}),
+    "DataLoader by columns, 2 workers": ("DataLoader", 2, {"by_columns": True}),
     "AsyncLoader, 2 workers": ("AsyncLoader", 2, {}),
     "AsyncLoader, 2 fetching": ("AsyncLoader", 2, {"fetch_in_workers": True}),
 }
@@ -94,7 +101,7 @@ def one(case: str, rows: int, dim: int, step_ms: float = 0.0) -> dict[str, Any]:
     import gc
 
     import torch
-    from torch.utils.data import DataLoader
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
     from benchmarks.loaders import iterating
     from benchmarks.run_one import measure
@@ -107,6 +114,12 @@ def one(case: str, rows: int, dim: int, step_ms: float = 0.0) -> dict[str, Any]:
 
     @contextlib.contextmanager
     def build() -> Any:  # built inside measure(), after its clock starts
+        if options.get("by_columns"):
+            batches = BatchSampler(RandomSampler(dataset, generator=generator), BATCH, False)
+            sampled = {"sampler": batches, "batch_size": None, "num_workers": workers}
+            with iterating(DataLoader(dataset, **sampled)) as it:
+                yield it
+            return
         if loader_name == "DataLoader":
             with iterating(DataLoader(dataset, **kwargs)) as it:
                 yield it
@@ -123,17 +136,28 @@ def one(case: str, rows: int, dim: int, step_ms: float = 0.0) -> dict[str, Any]:
     return measure(build(), checker)
 
 
-def paired_ratios(runs: dict[str, list[dict]]) -> dict[str, tuple[float, float, float]]:
-    """Each AsyncLoader case's rows/s over DataLoader's with the same ``num_workers`` in the
-    same round (the two ran back to back): (lowest, median, highest) over the rounds."""
+#: The anchors each case is compared with, as names for its ``num_workers``.
+ANCHORS = ("DataLoader, {} workers", "DataLoader by columns, {} workers")
+
+
+def paired_ratios(
+    runs: dict[str, list[dict]], anchor: str = ANCHORS[0]
+) -> dict[str, tuple[float, float, float]]:
+    """Each case's rows/s over the ``anchor`` case's with the same ``num_workers`` in the same
+    round (the two ran back to back): (lowest, median, highest) over the rounds."""
     out = {}
     for name, rs in runs.items():
-        base = runs.get(f"DataLoader, {CASES[name][1]} workers")
-        if not base or CASES[name][0] == "DataLoader":
+        base_name = anchor.format(CASES[name][1])
+        base = runs.get(base_name)
+        if not base or name == base_name:
             continue
         ratios = [r["items_per_s"] / b["items_per_s"] for r, b in zip(rs, base, strict=False)]
         out[name] = (min(ratios), statistics.median(ratios), max(ratios))
     return out
+
+
+def _per_round(spread: tuple[float, float, float] | None) -> str:
+    return f"{spread[1]:.2f}x ({spread[0]:.2f}-{spread[2]:.2f})" if spread else "-"
 
 
 def main() -> None:
@@ -169,24 +193,25 @@ def main() -> None:
         "processes each, alternating (medians):"
     )
     print(
-        f"  {'case':25s} {'rows/s':>9s} {'steady':>9s} {'first s':>8s} "
-        f"{'CPU ms/1k rows':>14s} {'vs DataLoader':>13s} {'per round (range)':>20s}"
+        f"  {'case':32s} {'rows/s':>9s} {'steady':>9s} {'first s':>8s} {'CPU ms/1k rows':>14s} "
+        f"{'vs DataLoader':>13s} {'per round (range)':>20s} {'vs by columns, per round':>25s}"
     )
-    paired = paired_ratios(runs)
+    paired = {anchor: paired_ratios(runs, anchor) for anchor in ANCHORS}
     for name, m in medians.items():
-        base = medians.get(f"DataLoader, {CASES[name][1]} workers")
+        base = medians.get(ANCHORS[0].format(CASES[name][1]))
         ratio = f"{m['items_per_s'] / base['items_per_s']:.2f}x" if base else "-"
-        spread = paired.get(name)
-        rounds = f"{spread[1]:.2f}x ({spread[0]:.2f}-{spread[2]:.2f})" if spread else "-"
+        rounds = [_per_round(paired[anchor].get(name)) for anchor in ANCHORS]
         print(
-            f"  {name:25s} {m['items_per_s']:9.0f} {m['steady_items_per_s']:9.0f} "
-            f"{m['ttfb_s']:8.3f} {m['cpu_ms_per_item'] * 1e3:14.1f} {ratio:>13s} {rounds:>20s}"
+            f"  {name:32s} {m['items_per_s']:9.0f} {m['steady_items_per_s']:9.0f} "
+            f"{m['ttfb_s']:8.3f} {m['cpu_ms_per_item'] * 1e3:14.1f} {ratio:>13s} "
+            f"{rounds[0]:>20s} {rounds[1]:>25s}"
         )
     if args.save:
         summaries.save(
             args.save,
             {"rows": args.rows, "dim": args.dim, "batch": BATCH, "step_ms": args.step_ms,
-             "reps": args.reps, "medians": medians, "paired": paired},
+             "reps": args.reps, "medians": medians, "paired": paired[ANCHORS[0]],
+             "paired_by_columns": paired[ANCHORS[1]]},
         )  # fmt: skip
 
 
