@@ -12,13 +12,13 @@ columns, measured in docs/benchmarks.md).
 :class:`ColumnReader` reads batches so, only where the result is the same: the dataset is a
 ``datasets.Dataset`` whose ``__getitem__`` and ``__getitems__`` are ``datasets``' own, in
 ``"torch"`` format, batched with torch's ``default_collate``, without ``transform`` or
-``on_error="skip"`` (:func:`reads_columns`, checked once per loader). A batch with any other
-column (a list of tensors of different lengths, ints left unformatted by
-``output_all_columns``, a nested dict) is read with ``__getitems__`` and collated as DataLoader
-does, errors included, and so is every batch after it. A column tensor that may share its
-memory with something else (``datasets`` made it from an array it keeps) is copied, as
-``torch.stack`` would have: the batch owns its memory. ``datasets`` is never imported here;
-a dataset can only be one if its module was loaded.
+``on_error="skip"`` (:func:`reads_columns`, checked as each plan is made: an epoch's, a
+worker pool's). A batch with any other column (a list of tensors of different lengths, ints
+left unformatted by ``output_all_columns``, a nested dict) is read with ``__getitems__`` and
+collated as DataLoader does, errors included, and so is every batch after it. A column
+tensor that may share its memory with something else (``datasets`` made it from an array it
+keeps) is copied, as ``torch.stack`` would have: the batch owns its memory. ``datasets`` is
+never imported here; a dataset can only be one if its module was loaded.
 """
 
 from __future__ import annotations
