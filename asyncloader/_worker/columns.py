@@ -6,8 +6,8 @@ column holding every row of the batch, then splits it into a dict per row; ``def
 then stacks those rows back into one tensor per column. Stacking row ``i`` of each column
 gives the column itself (values, dtype, shape), and a list of strings collates to itself, so
 where every column is one of those two, ``dataset[indices]`` is that batch: read without the
-split and the re-stacking (about a quarter of the time of a 256-row batch of two small
-columns, measured in docs/benchmarks.md).
+split and the re-stacking (for 391 batches of 256 rows of two small columns, 0.79-0.88 s
+instead of 1.04-1.38 s: docs/benchmarks.md).
 
 :class:`ColumnReader` reads batches so, only where the result is the same: the dataset is a
 ``datasets.Dataset`` whose ``__getitem__`` and ``__getitems__`` are ``datasets``' own, in
