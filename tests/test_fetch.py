@@ -92,7 +92,7 @@ async def test_runners_are_reused_across_batches_and_end_after_close():
             ]
         assert len(spawned) == 3 and len(runner_tasks()) == 3, "parked, not ended"
         fetcher.close()
-    assert runner_tasks() == [] and fetcher._runners == 0
+    assert runner_tasks() == [] and fetcher.active == fetcher.parked == 0
 
 
 @pytest.mark.asyncio

@@ -15,6 +15,25 @@ no task, semaphore or TaskGroup per sample.
                           │                               parked while the queue is empty)
                           │ the batch's last sample
                     batch future ─► fetch(seq) returns the samples (or the first Failure)
+
+Liveness: while samples are queued and fewer than the limit are being fetched, a runner
+will take one. A runner is *active* (fetching, or about to take a sample, park or end) or
+*parked*, and ``active >= min(limit, fetching + queued)`` holds at every await point: the
+active runners not fetching cover the queued samples, up to the room under the limit.
+
+- A wake-up is a slot handed over, not a request: whoever wakes a runner counts it active
+  before it runs, so what it does next (take, park, end) follows the rules below.
+- An active runner parks only when nothing is queued; it ends only when ``active > limit``
+  (``active >= limit`` still holds after), or when nothing is queued and ``close()`` was
+  called or enough runners are parked already.
+- Everything that adds work or room (a batch queued, the limit raised) calls ``_serve``,
+  which wakes or starts runners until the inequality holds.
+- Taking a sample keeps ``fetching + queued``; a fetch ending, a failed or dropped batch and
+  a lower limit only shrink the right-hand side.
+
+An active runner waits on nothing but its own fetch, so a queued sample is taken at once
+when there is room, and otherwise as soon as a fetch ends. Only the epoch's cancellation
+ends runners otherwise.
 """
 
 from __future__ import annotations
@@ -109,8 +128,12 @@ class Fetcher:
         self._limit = io_concurrency if tuner is None else tuner.limit
         self._spawn = spawn
         self._queue: deque[_Batch] = deque()  # batches with positions not yet taken
-        self._parked: list[asyncio.Future[None]] = []
-        self._runners = 0
+        self.queued = 0  # their positions not yet taken (failed batches' included)
+        # Each parked runner's wake-up, oldest first; a cancelled runner's stays, done.
+        self._wakeups: deque[asyncio.Future[None]] = deque()
+        self.active = 0  # runners not parked (see the module's liveness rules)
+        self.parked = 0
+        self._spawned = 0
         self._closed = False
         self.fetching = 0
         self.max_fetching = 0
@@ -125,7 +148,8 @@ class Fetcher:
             return []
         batch = _Batch(seq, indices, asyncio.get_running_loop().create_future())
         self._queue.append(batch)
-        self._serve(batch.size)
+        self.queued += batch.size
+        self._serve()
         try:
             return await batch.done
         finally:
@@ -135,44 +159,67 @@ class Fetcher:
     def close(self) -> None:
         """No more batches will come: runners end once the queue is empty."""
         self._closed = True
-        self._wake(len(self._parked))
+        self._wake(self.parked)
 
-    def _serve(self, samples: int) -> None:
-        """Wakes parked runners, then starts new ones (up to the limit), one per new sample."""
-        samples -= self._wake(samples)
-        while samples > 0 and self._runners < self._limit:
+    @property
+    def limit(self) -> int:
+        """Samples at most being fetched at once now."""
+        return self._limit
+
+    def _serve(self) -> None:
+        """Makes ``active >= min(limit, fetching + queued)``: wakes parked runners, then
+        starts new ones."""
+        need = min(self._limit, self.fetching + self.queued) - self.active
+        if need <= 0:
+            return
+        need -= self._wake(need)
+        for _ in range(need):
             try:
-                self._spawn(self._run(), name=f"fetch-runner:{self._runners}")
+                self._spawn(self._run(), name=f"fetch-runner:{self._spawned}")
             except RuntimeError:  # the TaskGroup is shutting down: this task is cancelled too
                 return
-            self._runners += 1
-            samples -= 1
+            self._spawned += 1
+            self.active += 1
 
     def _wake(self, n: int) -> int:
+        """Hands up to ``n`` parked runners a slot each (counted active from now)."""
         woken = 0
-        while woken < n and self._parked:
-            parked = self._parked.pop()
-            if not parked.done():
-                parked.set_result(None)
+        wakeups = self._wakeups
+        while woken < n and wakeups:
+            wakeup = wakeups.popleft()
+            if not wakeup.done():  # done: its runner was cancelled while parked
+                wakeup.set_result(None)
                 woken += 1
+        self.parked -= woken
+        self.active += woken
         return woken
+
+    async def _park(self) -> None:
+        """Waits, counted parked, until :meth:`_wake` counts it active again."""
+        wakeup = asyncio.get_running_loop().create_future()
+        self._wakeups.append(wakeup)
+        self.active -= 1
+        self.parked += 1
+        try:
+            await wakeup
+        except asyncio.CancelledError:
+            if wakeup.cancelled():  # not woken: still counted parked
+                self.parked -= 1
+                self.active += 1  # _run's finally counts it out
+            raise
 
     async def _run(self) -> None:
         """Fetches queued samples one at a time; parks while there are none."""
         queue, get, meter = self._queue, self._get, self._meter
-        me = asyncio.current_task()
-        assert me is not None
         try:
             while True:
-                if not queue:
-                    if self._closed:
-                        return
-                    parked = me.get_loop().create_future()
-                    self._parked.append(parked)
-                    await parked
-                    continue
-                if self._runners > self._limit:  # the tuner lowered the limit
+                if self.active > self._limit:  # the tuner lowered the limit
                     return
+                if not queue:
+                    if self._closed or self.parked >= self._limit:
+                        return
+                    await self._park()
+                    continue
                 taken = self._take(queue)
                 if taken is None:
                     continue
@@ -181,7 +228,7 @@ class Fetcher:
                 try:
                     sample = await get(batch.indices[pos])
                 except asyncio.CancelledError as exc:
-                    self._cancelled(me, batch, exc, pos)
+                    self._cancelled(batch, exc, pos)
                     continue
                 except Exception as exc:
                     self._fail(batch, exc, pos)
@@ -192,10 +239,10 @@ class Fetcher:
                     if meter is not None:
                         meter.fetch.add(ended - began)
                 if self._tuner is not None:
-                    self._retune(bool(queue), ended, sample)
+                    self._retune(ended, sample)
                 batch.place(pos, sample)
         finally:
-            self._runners -= 1
+            self.active -= 1
 
     def _take(self, queue: deque[_Batch]) -> tuple[_Batch, int] | None:
         """The next sample to fetch, ``(batch, position)``, counted as fetching; None when
@@ -203,9 +250,11 @@ class Fetcher:
         batch = queue[0]
         if batch.done.done():
             queue.popleft()
+            self.queued -= batch.size - batch.next
             return None
         pos = batch.next
         batch.next = pos + 1
+        self.queued -= 1
         if pos + 1 == batch.size:
             queue.popleft()
         fetching = self.fetching = self.fetching + 1
@@ -213,33 +262,27 @@ class Fetcher:
             self.max_fetching = fetching
         return batch, pos
 
-    def _cancelled(
-        self, me: asyncio.Task[Any], batch: _Batch, exc: asyncio.CancelledError, pos: int
-    ) -> None:
+    def _cancelled(self, batch: _Batch, exc: asyncio.CancelledError, pos: int) -> None:
         """A sample's fetch raised CancelledError: re-raised when the epoch is being
         cancelled; else the source raised it of its own (some clients do on timeouts) and
         the sample failed, reported, never lost quietly."""
-        if me.cancelling():
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
             raise exc
         error = AsyncLoaderError("the source raised CancelledError for this sample")
         error.__cause__ = exc
         self._fail(batch, error, pos)
 
-    @property
-    def limit(self) -> int:
-        """Samples at most being fetched at once now."""
-        return self._limit
-
-    def _retune(self, queued: bool, at: float, sample: Any) -> None:
+    def _retune(self, at: float, sample: Any) -> None:
         assert self._tuner is not None
-        new = self._tuner.completed(queued, at, sample)
+        new = self._tuner.completed(self.queued > 0, at, sample)
         if new is None:
             return
         grew, self._limit = new > self._limit, new
         if self._on_limit is not None:
             self._on_limit(new)
         if grew:  # start runners for the samples waiting for one
-            self._serve(sum(b.size - b.next for b in self._queue))
+            self._serve()
 
     def _fail(self, batch: _Batch, exc: BaseException, pos: int) -> None:
         if batch.done.done():
