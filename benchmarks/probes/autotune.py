@@ -6,13 +6,19 @@ in a fresh process, the settings alternating, ``--reps`` times. A run takes samp
 ``--seconds`` (one epoch far longer than that) and reports samples/s over the whole run (the
 climb included: a first epoch) and over its last half (where a tuned loader has settled).
 
+Epochs (``--epochs``): whole epochs that must end. Per latency, one pilot run of each fixed
+setting (``--seconds`` of a long epoch) picks the best; then that setting and "auto"
+alternate ``--reps`` times over whole epochs of as many samples as the best fixed setting
+takes about ``--seconds`` to fetch, each in a fresh process that must end within 20 times
+that. Reports samples/s per epoch (medians, lowest and highest) and how many runs ended.
+
 Shift: one "auto" run whose latency goes from 5 ms to 50 ms after ``--seconds`` seconds;
 prints samples/s per 0.5 s bin and how long after the shift it reached 0.9x the best fixed
 setting's steady rate at 50 ms (measured in the same invocation).
 
 ``python -m benchmarks.probes.autotune [--reps 3] [--seconds 6] [--latencies MS...]
-[--no-shift] [--save [SECTION]]``; with each latency's medians it prints the spread: auto /
-best fixed in each rep, lowest to highest.
+[--no-shift] [--epochs] [--save [SECTION]]``; with each latency's medians it prints the
+spread: auto / best fixed in each rep, lowest to highest.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import time
 from typing import Any
 
@@ -38,11 +45,18 @@ class Latency:
     """Sample ``i`` (1024 bytes) after ``latency_s``, or after ``then_s`` once ``switch_at``
     (a ``perf_counter`` time) has passed."""
 
-    def __init__(self, latency_s: float, then_s: float | None = None, switch_at: float = 0.0):
+    def __init__(
+        self,
+        latency_s: float,
+        then_s: float | None = None,
+        switch_at: float = 0.0,
+        items: int = ITEMS,
+    ) -> None:
         self.latency_s, self.then_s, self.switch_at = latency_s, then_s, switch_at
+        self.items = items
 
     def __len__(self) -> int:
-        return ITEMS
+        return self.items
 
     async def __getitem__(self, i: int) -> np.ndarray:
         late = self.then_s is not None and time.perf_counter() >= self.switch_at
@@ -80,7 +94,23 @@ def rates(marks: list[tuple[float, int]]) -> tuple[float, float]:
     return total / end, (total - half[1]) / max(end - half[0], 1e-9)
 
 
+def whole_epoch(source: Latency, **options: Any) -> float:
+    """Samples/s of one whole epoch of ``source``; checks that each sample came once."""
+    from asyncloader import AsyncLoader
+
+    start, got = time.perf_counter(), 0
+    with AsyncLoader(source, batch_size=BATCH, **options) as loader:
+        for batch in loader:
+            got += len(batch)
+    assert got == len(source), f"{got} samples of {len(source)}"
+    return got / (time.perf_counter() - start)
+
+
 def child(args: argparse.Namespace) -> None:
+    if args.items:
+        source = Latency(args.latency_ms / 1000, items=args.items)
+        print(json.dumps({"rate": whole_epoch(source, io_concurrency=io_setting(args.setting))}))
+        return
     if args.shift:
         source = Latency(0.005, 0.050, time.perf_counter() + args.seconds)
         marks, _ = timed_run(source, args.seconds * 2, io_concurrency="auto")
@@ -125,6 +155,50 @@ def sweep(ms: int, reps: int, seconds: float) -> dict:
     return {"table": table, "best_fixed": best, "auto_per_rep": spread}
 
 
+def epochs(ms: int, reps: int, seconds: float) -> dict:
+    """Whole epochs of the best fixed setting (from one pilot run each) against "auto", at
+    ``ms`` per sample; every run must end (see the module docstring)."""
+    common = ["--child", "--latency-ms", ms, "--seconds", seconds]
+    pilot = {
+        s: in_fresh_process(MODULE, *common, "--setting", s)["steady"]
+        for s in SETTINGS
+        if s != "auto"
+    }
+    best = max(pilot, key=lambda s: pilot[s])
+    items = int(pilot[best] * seconds) // BATCH * BATCH
+    runs: dict[str, list[float | None]] = {best: [], "auto": []}
+    for _ in range(reps):
+        for setting in runs:
+            try:
+                rate = in_fresh_process(
+                    MODULE, *common, "--setting", setting, "--items", items,
+                    timeout_s=20 * seconds + 30,
+                )["rate"]  # fmt: skip
+            except subprocess.TimeoutExpired:
+                rate = None
+            runs[setting].append(rate)
+    result: dict[str, Any] = {"best_fixed": best, "items": items, "pilot": pilot}
+    print(f"\n{ms} ms per sample: whole epochs of {items:,} samples, samples/s over {reps} runs")
+    for setting, rates_ in runs.items():
+        ended = [r for r in rates_ if r is not None]
+        result[setting] = {
+            "median": statistics.median(ended) if ended else None,
+            "low": min(ended, default=None),
+            "high": max(ended, default=None),
+            "ended": len(ended),
+            "runs": rates_,
+        }
+        print(
+            f"  {setting:>5}  median {result[setting]['median'] or 0:9,.0f}  "
+            f"({result[setting]['low'] or 0:,.0f}-{result[setting]['high'] or 0:,.0f}), "
+            f"{len(ended)} of {reps} ended"
+        )
+    if result["auto"]["median"] and result[best]["median"]:
+        result["auto_over_best"] = result["auto"]["median"] / result[best]["median"]
+        print(f"  auto / best fixed ({best}): {result['auto_over_best']:.2f}")
+    return result
+
+
 def shift(seconds: float, at_50ms: dict) -> dict:
     """One "auto" run whose latency goes from 5 to 50 ms after ``seconds``: its rate per
     0.5 s and how long after the change it reached 0.9x the best fixed rate at 50 ms."""
@@ -152,6 +226,10 @@ def main() -> None:
         "--latencies", type=int, nargs="+", default=[*LATENCIES_MS, 50], metavar="MS"
     )
     parser.add_argument("--no-shift", action="store_true", help="skip the latency change")
+    parser.add_argument(
+        "--epochs", action="store_true", help="whole epochs: best fixed against auto"
+    )
+    parser.add_argument("--items", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--setting", help=argparse.SUPPRESS)
     parser.add_argument("--latency-ms", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--shift", action="store_true", help=argparse.SUPPRESS)
@@ -159,6 +237,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.epochs:
+        found = {ms: epochs(ms, args.reps, args.seconds) for ms in args.latencies}
+        if args.save:
+            summaries.save(args.save, found)
         return
     summary: dict = {"sweep": {}, "shift": {}}
     for ms in args.latencies:
