@@ -3,6 +3,7 @@
 
 import asyncio
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 from torch.utils.data import default_collate
 
 from asyncloader import AsyncLoader
+from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 
 
 class RecordingSource:
@@ -91,3 +93,36 @@ def test_no_inline_collate_with_a_transform_custom_collate_or_seeding(monkeypatc
     )
     assert names | seen == {"asyncloader-transform_0"}
     assert len(batches) == 4
+
+
+class CancellingExecutor(ThreadPoolExecutor):
+    """Cancels batch 1's future before it runs, as ``shutdown(cancel_futures=True)`` (a pool
+    shut down under a running epoch) cancels the batches queued in it."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        if args[1] == 1:  # run_batch(plan, seq, ...)
+            future: Future = Future()
+            future.cancel()
+            return future
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("iterate", ["for", "async for"])
+def test_a_batch_the_engine_cancelled_fails_the_epoch(iterate):
+    """An engine future cancelled by someone else (its pool shut down) ends the epoch with an
+    error naming the batch; it is not taken for the epoch's own cancellation, which would
+    leave that batch's turn, and its window permit, unfilled for ever."""
+    with CancellingExecutor(1) as executor:
+        loader = AsyncLoader(RecordingSource(8, 8), batch_size=2, executor=executor, timeout=5)
+        with pytest.raises(AsyncLoaderError, match="batch 1") as raised:
+            if iterate == "for":
+                list(loader)
+            else:
+
+                async def consume() -> None:
+                    async for _ in loader:
+                        pass
+
+                asyncio.run(consume())
+        assert not isinstance(raised.value, LoaderTimeoutError)
+        assert "cancelled" in str(raised.value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -33,7 +34,7 @@ from asyncloader._worker.buffers import Pooled, Returns
 from asyncloader._worker.collate import collate_small
 from asyncloader._worker.plan import BatchPlan, run_batch
 from asyncloader._worker.transport import from_shared
-from asyncloader.errors import WorkerCrashedError
+from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 
 #: Batches below this size that need only the default collate may be collated on the loop: a
 #: copy of at most this much takes microseconds, less than the thread hops it saves, and is
@@ -58,6 +59,11 @@ def inline_plan(plan: BatchPlan, seeds: Seeds) -> BatchPlan | None:
 
 class Transformer:
     """Submits batches to ``engine``, at most ``window`` at once.
+
+    Liveness: while a batch waits for room and fewer than ``window`` are in the engine, a
+    permit is free (:class:`~asyncloader._base.window.Window`); each batch in the engine gives
+    its permit back on every exit (``async with``), and its engine future completes (answer,
+    ``BrokenProcessPool``) or, cancelled by the engine, fails the epoch (:func:`_answer`).
 
     Args:
         engine: Where batches are processed.
@@ -92,6 +98,11 @@ class Transformer:
         # A LoopEngine makes batches right here: one at a time, each after the loop's turn.
         self._turn = asyncio.Lock() if isinstance(engine, LoopEngine) else None
 
+    @property
+    def room(self) -> Window:
+        """The engine's room: ``room.ahead`` batches in the engine now, of ``room.size``."""
+        return self._room
+
     def resize(self, window: int) -> None:
         """Batches at most in the engine from now on (a smaller room is reached as batches
         leave it)."""
@@ -113,7 +124,7 @@ class Transformer:
             began = now() if meter is not None else 0.0
             try:  # submit() itself raises once the pool is broken
                 future = self.engine.submit(seq, indices, samples, self._seeds)
-                return self.received(await asyncio.wrap_future(future))
+                return self.received(await _answer(future, seq))
             except BrokenProcessPool as exc:
                 raise await self.crashed(exc) from exc
             finally:
@@ -166,3 +177,27 @@ class Transformer:
         return WorkerCrashedError(
             f"{details or exc}. The pool is discarded: iterate the loader again for a fresh one."
         )
+
+
+async def _answer(future: Future[Any], seq: int) -> Any:
+    """The engine's answer for batch ``seq``.
+
+    Liveness: an admitted batch always ends in the reorder buffer or fails the epoch. A
+    future the engine cancelled itself (its pool or executor shut down under the running
+    epoch) raises here: let out as ``CancelledError`` it would end the batch's task as if the
+    epoch were closing, which the TaskGroup drops silently, and the batch's turn (and its
+    window permit) would never come.
+
+    Raises:
+        AsyncLoaderError: The engine cancelled the batch while this task was not cancelled.
+    """
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not future.cancelled() or task is None or task.cancelling():
+            raise  # the epoch is closing: this task was cancelled, not the batch
+        raise AsyncLoaderError(
+            f"batch {seq} was cancelled by its engine before it ran: its worker pool or "
+            "executor was shut down while the epoch was running"
+        ) from None
