@@ -57,6 +57,7 @@ from tests.test_contracts import (  # noqa: E402, F401  (fixtures used by the ki
     loader,
 )
 from tests.test_contracts import sources as sources  # noqa: E402  (a fixture)
+from tests.test_engine import CancelledAfterCheck  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -379,6 +380,25 @@ async def test_a_request_that_raised_fails_alone_and_a_dead_actor_fails_all_it_h
         workers.submit(99, [99], None, None)
     assert all(f"batch {seq}" in workers.describe_crash({}) for seq in lost)
     assert not any(f.done() for f in more), "actor 0's requests are not actor 1's"
+
+
+@pytest.mark.asyncio
+async def test_an_answer_to_a_request_cancelled_meanwhile_does_not_lose_the_others():
+    """A call's answers settle every request they answer, also when one was cancelled by its
+    waiter between the check and the set (its InvalidStateError used to end the callback, and
+    the requests after it in the call waited for ever)."""
+    workers, actors = fake_workers()
+    futures = submit(workers, range(8))
+    await turn_ended()
+    seqs = actors[0].seqs(0)
+    first = next(r for _, r in workers._held.values() if r.request.seq == seqs[0])
+    first.out = CancelledAfterCheck()
+    actors[0].answer(0, seqs)
+    assert first.out.cancelled()
+    assert all(futures[s].result(0) == s for s in seqs[1:])
+    actors[1].calls[0][2].set_exception(ray.exceptions.RayActorError())
+    lost = actors[1].seqs(0)
+    assert all(isinstance(futures[s].exception(0), BrokenProcessPool) for s in lost)
 
 
 @pytest.mark.asyncio

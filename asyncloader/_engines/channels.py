@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from asyncloader._engines.requests import Requests
+from asyncloader._engines.requests import Requests, complete
 from asyncloader._worker.protocol import (
     STOP,
     Keyed,
@@ -44,6 +44,14 @@ class Channels(Requests):
     (filling :attr:`_conns`, then calling :meth:`_listen`) and say how one died.
 
     Thread-safe: requests come from the epoch's loop, answers complete on the receiver thread.
+
+    Liveness: every request future completes, exactly one way: its answer (:meth:`_take`),
+    ``BrokenProcessPool`` when its worker dies (:meth:`_died`: connection closed and sentinel
+    fired), cancelled by :meth:`_stop_requests`, or :meth:`_request` raising (nothing
+    pending is left after a failed send). ``_dead`` and ``_closing`` are read under the lock
+    that adds to ``_pending``, so no request is added after the sweep that would fail it; the
+    receiver completes futures with :func:`~asyncloader._engines.requests.complete`, so a
+    waiter's cancel never raises in it and stops it.
     """
 
     def __init__(self, num_workers: int, loader_name: str) -> None:
@@ -203,11 +211,8 @@ class Channels(Requests):
             entry = self._pending.pop(key, None)
             if entry is not None:
                 self._load[entry[0]] -= 1
-        if entry is not None and not entry[1].done():
-            if error is not None:
-                entry[1].set_exception(error)
-            else:
-                entry[1].set_result(result)
+        if entry is not None:
+            complete(entry[1], result, error)
         return True
 
     def _died(self, i: int) -> None:
@@ -226,8 +231,7 @@ class Channels(Requests):
             self._load = [0] * self.num_workers
         error = BrokenProcessPool(f"worker {i} died")
         for _, future, _ in pending.values():
-            if not future.done():
-                future.set_exception(error)
+            complete(future, None, error)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         """Names the workers that died, how, and the batches each held."""

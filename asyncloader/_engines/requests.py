@@ -6,13 +6,29 @@ call of the :class:`~asyncloader._engines.engine.WorkerEngine` interface.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from asyncloader._base.seeding import Seeds
 from asyncloader._worker.protocol import NextOfStream, OpenStream, Request, RunBatch, StreamOpen
+
+
+def complete(future: Future[Any], result: Any, error: BaseException | None = None) -> None:
+    """Completes a request's ``future`` with ``result`` (or ``error``), unless it is done.
+
+    Its waiter may cancel it from the loop's thread at any moment (the future is never
+    marked running), also between a receiver's ``done()`` check and its set: that set would
+    raise ``InvalidStateError`` in the receiver, which then left every request after it
+    unanswered. Nobody waits for a cancelled request, so it is skipped.
+    """
+    with contextlib.suppress(InvalidStateError):
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
 
 
 class Requests:

@@ -18,7 +18,7 @@ from ray.exceptions import RayActorError
 
 from asyncloader._base.skipping import Trimmed
 from asyncloader._base.structure import DESCEND, map_structure
-from asyncloader._engines.requests import Requests
+from asyncloader._engines.requests import Requests, complete
 from asyncloader._worker.protocol import Request, RunBatch, batch_of
 from asyncloader._worker.transport import TensorValue, WithArrays
 
@@ -76,6 +76,13 @@ class LongPoll(Requests):
 
     Thread-safe: requests come from the epoch's loop, answers complete on Ray's threads; calls
     leave from the loop of the newest request (or a thread of their own, off any loop).
+
+    Liveness: while an actor holds a request (``_load > 0``), a poll to it is outstanding or
+    a flush is scheduled that sends one: :meth:`_flush` clears ``_flush_on`` and reads
+    :meth:`_due` under one lock hold, so an answer after that schedules its own flush
+    (:meth:`_flush_later`), and a flush lost with a closed loop is redone by the next
+    request's. Each request completes once: by its answer, by :meth:`_lose` (the call
+    failed, the actor died), or cancelled by :meth:`stop`.
     """
 
     def __init__(self, actors: list[Any], incarnations: list[set[str]]) -> None:
@@ -210,9 +217,9 @@ class LongPoll(Requests):
             if out.done():
                 continue
             if ok:
-                out.set_result(received(value))
+                complete(out, received(value))
             else:
-                out.set_exception(value)
+                complete(out, None, value)
 
     def _lose(self, worker: int, error: BaseException, died: RayActorError | None = None) -> None:
         """Fails every request ``worker`` holds with ``error`` (its answers are lost); the
@@ -228,8 +235,7 @@ class LongPoll(Requests):
                 why = str(died).splitlines()[0]
                 self._dead.setdefault(worker, (why, [r.request for r in lost]))
         for r in lost:
-            if not r.out.done():
-                r.out.set_exception(error)
+            complete(r.out, None, error)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         notes = []
