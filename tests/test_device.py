@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from asyncloader import AsyncLoader
+from asyncloader._pipeline.device import DeviceStage
 from tests.helpers import AsyncSource, SyncSource, indices_of, loader_threads
 from tests.helpers.waiting import Count
 
@@ -198,3 +199,24 @@ def test_cuda_batch_is_freed_when_dropped_without_the_collector():
         if was:
             gc.enable()
     assert len(alive) == 16 and not left, f"batches {left} still alive"
+
+
+def test_a_device_thread_whose_stream_fails_fails_each_batch_instead_of_hanging(monkeypatch):
+    """The device thread's set-up failing (an invalid CUDA ordinal, a broken driver) fails
+    each move with its error: no move waits for a thread that is gone."""
+
+    def broken(device):
+        raise RuntimeError("invalid device ordinal")
+
+    monkeypatch.setattr(torch.cuda, "set_device", broken)
+    stage = DeviceStage(False, torch.device("cuda", 7))
+
+    async def move():
+        return await asyncio.wait_for(stage.move(torch.zeros(2)), 10)
+
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="invalid device ordinal"):
+                asyncio.run(move())
+    finally:
+        stage.close()

@@ -106,7 +106,8 @@ class DeviceStage:
         self._thread.start()
 
     async def move(self, batch: Any) -> Any:
-        """Pins and copies ``batch`` on the device thread; returns what hand_over expects."""
+        """Pins and copies ``batch`` on the device thread; returns what hand_over expects
+        (``done`` is settled by :meth:`_serve` for every job it takes)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
         self._inbox.put((batch, loop, done))
@@ -119,14 +120,27 @@ class DeviceStage:
             self._thread.join()
 
     def _serve(self) -> None:
+        """Answers every job until ``None``.
+
+        Liveness: each :meth:`move` puts its job before it awaits ``done``, and this loop
+        settles ``done`` for every job it takes, with the result or the exception, also when
+        the stream could not be made (the thread must not die under waiting moves); a job put
+        after :meth:`close`'s ``None`` is never taken, so close only once no move waits (the
+        epoch closes it after its stage tasks ended).
+        """
         torch.set_num_threads(1)  # as DataLoader's pin thread: a copy must not take every core
-        stream = None
+        stream, broken = None, None
         if self._cuda:
-            torch.cuda.set_device(self._device)
-            stream = torch.cuda.Stream(self._device)
+            try:  # an invalid ordinal, a driver that fails: each batch says so
+                torch.cuda.set_device(self._device)
+                stream = torch.cuda.Stream(self._device)
+            except Exception as e:
+                broken = e
         while (job := self._inbox.get()) is not None:
             batch, loop, done = job
             try:
+                if broken is not None:  # a new error each time: each batch's gets its notes
+                    raise RuntimeError(f"the device thread cannot use {self._device}: {broken}")
                 result, exc = self._process(batch, stream), None
             except BaseException as e:
                 result, exc = None, e
