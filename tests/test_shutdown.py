@@ -2,6 +2,7 @@
 
 import asyncio
 import gc
+import threading
 import time
 import warnings
 
@@ -167,6 +168,32 @@ def test_a_job_cancelled_before_it_began_still_runs_its_finally():
             job.cancel()
             assert job.done.wait(10), "the cancelled job never finished"
         assert len(ran) == 50, f"the finally ran {len(ran)} times of 50"
+    finally:
+        loop_thread.stop()
+
+
+def test_a_job_cancelled_twice_lets_the_cleanup_the_first_began_finish():
+    """A second cancel (a timeout's, then close()'s) does not cut into the cleanup the first
+    began: the pump's ``finally`` closes the epoch, and close() waits for all of it."""
+    loop_thread = LoopThread()
+    began, ran = threading.Event(), []
+
+    async def body():
+        try:
+            began.set()
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.2)  # the epoch's closing: awaits of its own
+            ran.append(True)
+
+    try:
+        job = loop_thread.run(body())
+        assert began.wait(10)
+        job.cancel()
+        time.sleep(0.05)  # the cleanup is under way
+        job.cancel()
+        assert job.done.wait(10), "the cancelled job never finished"
+        assert ran == [True], "the second cancel interrupted the cleanup"
     finally:
         loop_thread.stop()
 

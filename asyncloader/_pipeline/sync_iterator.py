@@ -8,7 +8,12 @@
            └─ call_soon_threadsafe(epoch.release)  ─►  window permit returned
 
 The hand-over queue needs no bound of its own: every batch in it still holds a window permit,
-returned only when the consumer takes the batch, so it never holds more than the window.
+returned only when the consumer takes the batch, so it never holds more than the window; and
+so the pump's ``put`` never blocks, also when the consumer has left.
+Liveness: while the consumer waits in ``queue.get``, the pump will put a batch, END or the
+error: it puts one item per batch the epoch releases, and its ``finally`` puts the last on
+every exit, cancellation included (:class:`Job` starts the coroutine before cancelling it).
+Each taken batch's permit goes back through ``call_soon_threadsafe(epoch.release)``.
 The pump always ends by putting END or the error, on every path (principle: end of stream
 cannot be forgotten), and then sets ``finished``. Closing, breaking out of the loop, or
 dropping the iterator cancels the pump, whose ``finally`` closes the epoch, and waits for
@@ -76,7 +81,12 @@ class Job:
         self._task.cancel()
 
     def cancel(self) -> None:
-        """Asks the task to stop (it may still be finishing when this returns)."""
+        """Asks the task to stop (it may still be finishing when this returns). Once: the
+        first request always reaches the task (:meth:`_cancel_here` waits for it to begin),
+        and a second (a timeout's, then ``close()``'s) would cut into the cleanup the first
+        began: the epoch's closing, which ``close()`` waits for."""
+        if self._cancelled:
+            return
         self._cancelled = True
         with contextlib.suppress(RuntimeError):  # the loop closed: the task is done
             self.loop.call_soon_threadsafe(self._cancel_here)
