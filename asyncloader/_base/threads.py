@@ -189,7 +189,12 @@ def keep_torch_threads() -> None:
 
 
 def loader_threads(max_workers: int, name: str) -> ThreadPoolExecutor:
-    """A thread pool for the loader's own blocking work, named ``name``."""
+    """A thread pool for the loader's own blocking work, named ``name``.
+
+    Liveness: a job queued behind ``max_workers`` busy ones runs when one of them returns;
+    an epoch's pools are shut down (``cancel_futures``) only by its exit stack, after every
+    task that awaits their futures ended, so no awaited job is cancelled under its waiter.
+    """
     return ThreadPoolExecutor(max_workers, name, initializer=single_threaded_torch)
 
 
@@ -222,6 +227,10 @@ async def run_in_thread(fn: Callable[[], T], name: str) -> T:
 
     Cancelling the awaiting task does not abandon ``fn``: the thread is joined before the
     cancellation propagates, so nothing the call was tearing down is left half done.
+
+    Liveness: ``done`` is settled by the thread's last act on every path (``_outcome``
+    catches everything), unless the loop closed, and then nobody awaits it. ``fn`` must not
+    wait for this loop: a cancelled await joins the thread on the loop's own thread.
     """
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Any] = loop.create_future()

@@ -21,6 +21,15 @@ class Window:
     back), so ``ahead`` never exceeds the largest size the window ever had.
     :meth:`reached` lets another thread wait for the high-water mark ``max_ahead``.
     ``admitted`` counts admissions, ``blocked`` those that found no slot free and waited.
+
+    Liveness: while an :meth:`admit` waits and ``ahead < size``, a permit is free
+    (``permits.value = size - ahead + debt >= 1``), and whoever made it free woke the waiter:
+    :meth:`release` (or a :meth:`resize` that grows past the debt) releases the semaphore,
+    and a release wakes the first waiter. A shrink only adds debt, paid by releases, so the
+    waiter is woken by the release that brings ``ahead`` below the new size. Each admitted
+    holder releases exactly once (``async with``, or the epoch's hand-over to the consumer);
+    a waiter cancelled after it was woken passes the permit on (asyncio's Semaphore does:
+    checked against CPython 3.11.7's ``acquire``).
     """
 
     def __init__(self, size: int) -> None:

@@ -46,7 +46,8 @@ class WorkerLease:
         self._started = started
         self._failure = failure
         #: The pool's processes once started (kept after it stops), for DataLoader's
-        #: ``iterator._workers``; ``ready`` is set then, or once it failed or was left.
+        #: ``iterator._workers``; ``ready`` is set then, or once it failed or was left
+        #: (:meth:`_leave`, which every exit of an entered lease and :meth:`abandon` reach).
         self.processes: list[Any] = []
         self.ready = threading.Event()
         # An epoch dropped before it entered its lease (closed at once, or never iterated)

@@ -174,7 +174,11 @@ class ProcessPool:
     def submit(
         self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
     ) -> Future[Any]:
-        """Runs batch ``seq`` in a worker, with the plan the worker holds."""
+        """Runs batch ``seq`` in a worker, with the plan the worker holds.
+
+        The executor completes the future: the batch, ``BrokenProcessPool`` once a worker
+        died, or cancelled by :meth:`shutdown` (``cancel_futures``) when it had not started,
+        which the Transformer turns into an error of the epoch still waiting for it."""
         return self.executor.submit(run_batch, None, seq, indices, samples, seeds)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:

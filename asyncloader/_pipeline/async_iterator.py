@@ -46,7 +46,12 @@ class AsyncIterator:
                 return hand_over(batch)
 
     async def _receive(self) -> tuple[int, Any]:
-        """The next ``(seq, batch)``, recorded as received and its permit returned."""
+        """The next ``(seq, batch)``, recorded as received and its permit returned.
+
+        Liveness: every batch :meth:`Epoch.next` returns has its permit returned here before
+        anything else can raise (``outcome`` raises a failed batch's error after), so a
+        Failure or an emptied batch frees its slot as a good one does; every other exit
+        (end, error, timeout, cancellation) closes the epoch."""
         if self._done:
             raise StopAsyncIteration
         if not self._started:

@@ -21,7 +21,12 @@ from asyncloader.errors import AsyncLoaderError
 
 class Claim:
     """Who may pull one dataset object: ``owner``, under ``lock`` (held through each pull of a
-    sync source and through the new owner's ``iter()`` and restore)."""
+    sync source and through the new owner's ``iter()`` and restore).
+
+    Liveness: ``lock`` is held for one pull (one batch's ``next()`` calls) or one
+    ``iter()``, by a ``with`` that releases it on every exit, and nothing awaited or waited
+    for is held under it; so a new epoch's ``iter()`` waits at most for the pull under way,
+    and an older epoch's next pull fails at :meth:`check` instead of waiting."""
 
     __slots__ = ("lock", "owner")
 

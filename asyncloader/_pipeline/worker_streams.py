@@ -49,6 +49,13 @@ async def worker_stream_batches(
 ) -> AsyncGenerator[Batch, None]:
     """The epoch's batches, made by the workers' own iterations, round robin.
 
+    Liveness: every worker still in the turn has at least one batch asked ahead (``prefetch``
+    >= 1 at the start, one more for each taken; cleared only when it ended), so the future
+    awaited next (or one of those ``_first_ready`` waits on) exists, and the engine completes
+    it: the answer, ``BrokenProcessPool`` when the worker dies, or the worker's own
+    SUPERSEDED/LOST. Inside a worker, requests are served by number under ``stream.turn``,
+    whose holder advances ``next`` and notifies all in a ``finally``.
+
     Args:
         engine: The workers, each iterating its own copy of the source.
         start: The epoch's start; its ``source_state`` holds the merge state to continue.

@@ -60,6 +60,11 @@ def steady_rate(stats: LoaderStats) -> float:
 class WorkerTuner:
     """The worker count of one loader under ``num_workers="auto"`` (see the module rules).
 
+    It moves only between epochs, on a finished epoch's stats; a persistent pool of another
+    count is replaced when the next epoch leases it (``Workers.lease``), and a batch of an
+    older epoch still running there that the replaced pool cancels fails that epoch rather
+    than hanging it (``transform._answer``).
+
     Args:
         start: The first epoch's count (:func:`asyncloader._config.defaults.start_workers`).
         budget: Bytes the batches in the window may hold.
@@ -105,6 +110,11 @@ class WorkerTuner:
 class PrefetchTuner:
     """``prefetch`` of one loader under ``prefetch="auto"`` (see the module rules); kept
     across its epochs.
+
+    Liveness: a move only resizes the window and the engine's room
+    (:class:`~asyncloader._base.window.Window`): deepening frees permits at once, shallowing
+    only adds debt that the batches in flight pay as the consumer receives them, and every
+    size is at least 1, so no admission waits on a slot that no batch in flight will free.
 
     Args:
         budget: Bytes the batches in the window may hold.

@@ -111,6 +111,10 @@ class BatchFetcher:
     It stands where a :class:`~asyncloader._worker.fetch.Fetcher` would (``fetch_then_run`` and the
     epoch use either): :meth:`fetch` gives the samples, a Failure, or with ``skip`` a Trimmed.
 
+    Liveness: each :meth:`fetch` is one job in ``threads``, which runs queued jobs as threads
+    free; its future completes with the samples or a Failure (:meth:`_call` captures the
+    source's errors), and the pool is shut down only after the epoch's tasks ended.
+
     Args:
         dataset: The sync map-style source.
         threads: Where the calls run, ``limit`` threads (never the event loop's thread).

@@ -166,7 +166,12 @@ class WorkerCore:
         :class:`Ended`, or :data:`LOST` when this worker cannot make that batch (restarted since
         its iteration began). ``indices`` are offsets in the worker's own stream. Requests are
         served in the order of their numbers, whatever order they arrive in (a Ray actor may
-        start them out of order)."""
+        start them out of order).
+
+        Liveness: while request ``number`` waits, the request for ``stream.next`` has
+        arrived or will (the epoch asks numbers in order, each once) and, whatever it returns
+        or raises, its ``finally`` advances ``next`` and wakes every waiter; a superseded
+        iteration's waiters are woken to answer SUPERSEDED (:meth:`_supersede`)."""
         stream = self._stream(opening, number)
         if not isinstance(stream, _Stream):
             return stream
@@ -347,6 +352,9 @@ def serve_on(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -
 
 
 async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
+    """Liveness: each request read gets exactly one answer unless STOP comes first (then
+    nobody waits for it): ``answer`` catches what asyncloader's own code raises, and a result
+    that does not pickle is answered by its Failure. A closed connection reads as STOP."""
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Keyed | Signal] = asyncio.Queue()
 

@@ -25,6 +25,10 @@ class Inbox:
     again, by a retried call or after a restart, joins the one running or answered), and its
     answer waits until :meth:`collect` takes it. On the actor's event loop.
 
+    Liveness: a waiting :meth:`collect` returns once an answer is there, nothing runs, or
+    the inbox closes: ``_news`` is cleared after those were checked, with no await between,
+    and :meth:`_finished` (each request's task, however it ends) and :meth:`close` set it.
+
     Args:
         core: Has ``run(request)`` (the coroutine answering it) and ``spawn(coroutine, name)``
             (a task that ``core``'s own close cancels).

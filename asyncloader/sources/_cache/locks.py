@@ -58,7 +58,13 @@ def _open_current(path: Path) -> int | None:
 @contextlib.asynccontextmanager
 async def download_lock(path: Path) -> AsyncIterator[bool]:
     """Holds ``path`` exclusively for the block; yields whether it had to wait (another
-    process, or task, was downloading)."""
+    process, or task, was downloading).
+
+    Liveness: while a download holds the lock, its waiters poll (at most ``POLL_MAX_S``
+    apart); the holder's ``finally`` closes its fd on every exit (error, cancellation) and
+    the kernel releases a dead process's, so a waiter takes the lock within one poll of
+    the release. A lock file removed meanwhile is not held (:func:`_current`): the waiter
+    opens the new one. Nothing waits for another lock while holding this one."""
     waited, delay = False, POLL_MIN_S
     while (fd := _open_current(path)) is None:
         waited = True

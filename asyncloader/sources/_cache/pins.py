@@ -22,7 +22,10 @@ from asyncloader.sources._cache.locks import try_lock
 
 class Pins:
     """The keys one reader still needs, kept in its own file (made on first use, and again
-    in a forked child: a copy never writes its parent's)."""
+    in a forked child: a copy never writes its parent's).
+
+    Nothing waits on a pin: eviction only orders by them (never blocks), and a dead
+    process's file is removed by the first eviction that finds its lock free."""
 
     def __init__(self, folder: Path) -> None:
         self._folder = folder

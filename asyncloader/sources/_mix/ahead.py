@@ -80,7 +80,14 @@ Entry = tuple[int, int, Any, "asyncio.Future[Any] | None", bool]
 
 class AheadSamples:
     """The samples of an :class:`AsyncRun`'s epoch, with up to ``concurrency`` map-style
-    fetches started ahead on a plan (see the module docstring)."""
+    fetches started ahead on a plan (see the module docstring).
+
+    ``_fetching`` counts the queued entries that hold a fetch, at most ``concurrency``.
+    Liveness: the entry :meth:`__anext__` awaits is the queue's head, filled before it is
+    read (:meth:`_fill` stops only with fetches queued, or the plan's epoch over); its fetch
+    was started when it was queued, so nothing waits on a fetch not started. Dropped entries
+    (a replan, close, a cancelled ``__anext__``) have their fetches cancelled and the count
+    reset; a plan out of step with the committed cursor is drawn again from it."""
 
     def __init__(self, run: AsyncRun, concurrency: int) -> None:
         self._run, self._concurrency = run, concurrency
