@@ -11,6 +11,9 @@ shows batches/s, samples/s and the share of the time spent waiting for data, the
 :meth:`AsyncLoader.report` is printed: the stage that sets the pace, the evidence and the knob.
 With no step the consumer never holds the loader back, so the report names the loader's own
 bottleneck: the ceiling your training loop can get.
+
+For a loader that hangs, :func:`dump_state` says what each stage holds and where every task
+and thread waits (``ASYNCLOADER_STALL_DUMP=<seconds>`` logs it by itself at a stall).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from asyncloader._pipeline import stall_dump
 from asyncloader.loader import AsyncLoader
 
 
@@ -63,6 +67,18 @@ def run(loader: AsyncLoader, batches: int, step_s: float = 0.0, out: Any = None)
                 break
         out.write("\n")
         return loader.report()
+
+
+def dump_state(loader: AsyncLoader) -> str:
+    """The state of ``loader``'s running epochs, for a report of a hang: per stage what is in
+    flight, queued and parked (fetch, engine, reorder buffer, device stage, consumer), the
+    limits and the window, the last moves of the ``"auto"`` tuners, then the tasks on the
+    epochs' event loops and every thread's stack (threads or tasks at the same place shown
+    once). From any thread: it reads and never changes the epoch, and waits at most about
+    2 s for each event loop to answer (a blocked loop is read from the calling thread)."""
+    epochs = sorted(loader._epochs, key=lambda epoch: epoch.start_info.number)
+    title = f"asyncloader: the state of {type(loader).__name__} at {time.strftime('%H:%M:%S')}:"
+    return stall_dump.dump(epochs, title)
 
 
 def main(argv: list[str] | None = None) -> None:

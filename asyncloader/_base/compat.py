@@ -190,6 +190,13 @@ def caller_frames(skip: int = 1) -> Iterator[FrameType]:
         frame = frame.f_back
 
 
+def thread_frames() -> dict[int, FrameType]:
+    """Each running thread's innermost frame, by ``threading.get_ident()`` (``sys._current_frames``:
+    a CPython implementation detail, present in 3.11-3.13); ``{}`` where it is missing."""
+    current = getattr(sys, "_current_frames", None)
+    return current() if current is not None else {}
+
+
 def thread_pools_locked() -> bool:
     """The lock every ``ThreadPoolExecutor.submit`` takes (``_global_shutdown_lock``, not
     documented) is held now, by some thread: a thread that waits for another thread's submit

@@ -21,6 +21,14 @@ from typing import Any
 class ReorderBuffer:
     """Single-consumer buffer keyed by sequence number.
 
+    Liveness: while :meth:`get` waits, ``_changed`` was cleared after the buffer was last
+    checked, with no await between, on the loop's one thread; each change that can let it
+    return sets it: :meth:`put` of the seq it waits for (in order) or of any seq (not),
+    :meth:`finish`, :meth:`fail`. A put of a later seq sets nothing; its turn comes when
+    the seq before it is put. So the consumer waits only for a batch not yet put, and every
+    admitted batch is put (its task ends in :meth:`put`) or fails the epoch (:meth:`fail`,
+    from the epoch's ``_run`` on every exit path, cancellation included).
+
     Args:
         in_order: Release seq 0, 1, 2, ... (``True``) or in completion order (``False``).
         start: The first seq (a resumed epoch starts where the saved one stopped).
@@ -53,6 +61,17 @@ class ReorderBuffer:
 
     def __len__(self) -> int:
         return len(self._pending) + len(self._ready)
+
+    @property
+    def ready(self) -> int:
+        """Of :func:`len`, the batches the consumer may take now, one after another (the rest
+        wait for an earlier one). Counted on each call: for diagnostics, not per batch."""
+        if not self._in_order:
+            return len(self._ready)
+        seq, ready = self._next, 0
+        while seq in self._pending:
+            seq, ready = self._step(seq + 1), ready + 1
+        return ready
 
     def put(self, seq: int, item: Any) -> None:
         """Adds the result (batch or Failure) of ``seq``."""

@@ -8,6 +8,7 @@ the line that made it rather than at the first batch.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import warnings
@@ -52,6 +53,24 @@ def check_timeout(timeout: Any) -> None:
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__qualname__}")
     if timeout < 0:
         raise ValueError(f"timeout option should be non-negative, got {timeout=}")
+
+
+#: The environment variable that turns the stall dump on (``_pipeline.stall_dump``): seconds.
+STALL_DUMP_ENV = "ASYNCLOADER_STALL_DUMP"
+
+
+def stall_dump_seconds(raw: str | None) -> float | None:
+    """The seconds of :data:`STALL_DUMP_ENV` (its value ``raw``); ``None`` (off) when unset or
+    empty. Anything but a finite number above 0 is a ValueError naming the variable."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{STALL_DUMP_ENV}={raw!r} must be a number of seconds > 0")
+    return seconds
 
 
 def check_num_workers(num_workers: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -110,6 +111,9 @@ class Options:
     #: A sync map-style source with ``__getitems__``, batched, without seed_per_sample: one
     #: call fetches each batch, as under DataLoader (asyncloader._worker.getitems).
     batch_fetch: bool = field(init=False, default=False)
+    #: Seconds without progress after which an epoch logs its state (None: off), from the
+    #: environment variable ASYNCLOADER_STALL_DUMP (asyncloader._pipeline.stall_dump).
+    stall_dump: float | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         kind = source_kind(self.dataset)
@@ -170,6 +174,8 @@ class Options:
         check.check_int("fetch_threads", self.fetch_threads, 1)
         check.check_instance("pin_memory_device", self.pin_memory_device, str, "a str")
         check.check_timeout(self.timeout)
+        stall_dump = check.stall_dump_seconds(os.environ.get(check.STALL_DUMP_ENV))
+        _set(self, stall_dump=stall_dump)
         check.check_on_error(self.on_error, self.max_skipped)
         for name in ("collate_fn", "transform", "worker_init_fn", "device_transform"):
             check.check_callable(name, getattr(self, name))

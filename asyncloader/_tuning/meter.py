@@ -15,18 +15,22 @@ Stages and what is measured (all in the training process):
 - device: each batch's pin, copy and ``device_transform``;
 - consumer: the time it waited inside ``next()`` (stall) and spent between batches (its own
   step), and the time the loader's admission waited for a slot that a batch ready for the
-  consumer held (backpressure).
+  consumer held (backpressure);
+- tuning: the last :data:`TUNED_KEPT` moves of the ``"auto"`` settings (the io limit,
+  ``prefetch``) and the window they gave, for the stall dump (a few an epoch, not per event).
 """
 
 from __future__ import annotations
 
 import time
 from array import array
+from collections import deque
 
 from asyncloader._base.retries import RETRIES
 
 RESERVOIR = 2048  # durations kept per stage for the percentiles: the most recent ones
 SAMPLE_EVERY = 4  # of which every 4th is kept
+TUNED_KEPT = 16  # the last moves of the "auto" settings kept (EpochMeter.tuned)
 
 now = time.perf_counter
 
@@ -106,6 +110,8 @@ class EpochMeter:
         self.samples = 0
         self.batch_bytes = 0  # the first batch's tensors and arrays, once received
         self._retries_before = RETRIES[0]
+        #: The last moves of the "auto" settings: (time, io limit or None, prefetch, window).
+        self.tuned: deque[tuple[float, int | None, int, int]] = deque(maxlen=TUNED_KEPT)
 
     @property
     def retries(self) -> int:
