@@ -57,6 +57,7 @@ from asyncloader._pipeline.batches import Batch, Made, map_batches, stream_batch
 from asyncloader._pipeline.device import DeviceStage
 from asyncloader._pipeline.epoch_start import EpochStart, SamplerCursor, recorded
 from asyncloader._pipeline.length import LengthCheck, ReportedLength
+from asyncloader._pipeline.stall_dump import Parts, watch_stalls
 from asyncloader._pipeline.transform import Transformer, inline_plan
 from asyncloader._pipeline.worker_streams import worker_stream_batches
 from asyncloader._tuning.autosize import PrefetchTuner
@@ -148,6 +149,7 @@ class Epoch:
         self.meter = EpochMeter()
         self._sized = False  # the first batch was measured (meter.batch_bytes)
         self._task: asyncio.Task[None] | None = None
+        self._asks = 0  # the consumer's calls for a batch (its thread); see parts()
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on, once started
 
     @property
@@ -261,11 +263,17 @@ class Epoch:
     def asked(self) -> None:
         """The consumer asks for its next batch (on its thread): the workers may reuse the
         shared memory of the batches it has let go since."""
+        self._asks += 1
         if self._transformer is not None:
             self._transformer.sweep()
 
     def release(self) -> None:
-        """The consumer has received a batch: return its permit to the window (on the loop)."""
+        """The consumer has received a batch: return its permit to the window (on the loop).
+
+        Liveness: each batch received returns exactly one window permit and, with a device
+        stage, one device-room permit (both iterators call this before the batch's outcome
+        can raise); the prefetch tuner is asked after, so a shallowing never takes back a
+        permit already given."""
         at = now()
         self.meter.waiting.add(-1, at)
         window = self._window
@@ -284,6 +292,16 @@ class Epoch:
         """Set once ``batches`` batches were ahead of the consumer at once (``max_ahead``),
         from any thread: for observing how far the pipeline runs ahead (tests, diagnostics)."""
         return self._window.reached(batches)
+
+    def parts(self) -> Parts:
+        """What each stage holds now, for the stall dump (:mod:`~asyncloader._pipeline.
+        stall_dump`), which reads it on the loop's thread."""
+        return Parts(
+            self._options, self.start_info.number, self.meter, self.progress, self._window,
+            self._buffer, self._out, self._fetcher, self._transformer, self._device_room,
+            self.prefetch, self._inflight, self._asks > self.progress.batches, self.loop,
+            self._task,
+        )  # fmt: skip
 
     def timed_out(self) -> LoaderTimeoutError:
         """The error for a consumer that waited ``timeout`` seconds, naming what it waited for
@@ -362,7 +380,8 @@ class Epoch:
         workers forked at ``iter()`` too when the epoch was closed before it used them."""
         task = self._task
         if task is not None:
-            task.cancel()
+            if not task.done() and not task.cancelling():  # a second cancel would cut into
+                task.cancel()  # the cleanup the first began (a racing aclose())
             try:
                 await task
             except asyncio.CancelledError:
@@ -383,6 +402,7 @@ class Epoch:
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(loop_registered(asyncio.get_running_loop()))
+            stack.enter_context(watch_stalls(self._options.stall_dump, self.parts))
             stack.callback(self._let_sampler_go)
             stack.callback(self.progress.source_opened)  # never opening: nobody waits
             try:
@@ -394,7 +414,13 @@ class Epoch:
                 self._fail(unwrap_group(exc))
 
     async def _flow(self, stack: contextlib.AsyncExitStack) -> None:
-        """Opens the stages into ``stack`` and admits batches until the source ends."""
+        """Opens the stages into ``stack`` and admits batches until the source ends.
+
+        Liveness: each turn takes one window permit and hands it to a ``batch:{seq}`` task,
+        which ends in the reorder buffer or fails the TaskGroup (an engine's own cancel
+        included), or gives it back when the source ended, then declares the total. So
+        while the consumer waits, its batch is in flight, or the buffer finishes or fails.
+        """
         options = self._options
         get = self._open_fetch(stack)
         device = self._open_device(stack)
@@ -464,12 +490,20 @@ class Epoch:
 
     def _resize(self) -> None:
         """A tuner moved the fetch limit or ``prefetch``: the window and the engine's room
-        follow."""
+        follow.
+
+        Liveness: a move only resizes. A deeper window releases permits at once (waking the
+        admission loop); a shallower one is debt that batches in flight pay as the consumer
+        receives them. Sizes are at least 1, so while ``ahead`` is below the new size a
+        permit is free; nothing here waits."""
         if self._prefetcher is not None:
             self.prefetch = self._prefetcher.prefetch
-        self._window.resize(self._window_size())
+        size = self._window_size()
+        self._window.resize(size)
         if self._transformer is not None:
             self._transformer.resize(self._options.engine_window_for(self.prefetch))
+        limit = self._tuner.limit if self._tuner is not None else None
+        self.meter.tuned.append((now(), limit, self.prefetch, size))
 
     def _open_fetch_needed(self) -> bool:
         """Samples are fetched on this loop one by one (see :meth:`_open_fetch`)."""
@@ -602,6 +636,12 @@ class Epoch:
 
         Runs at most ``device_depth`` batches ahead of the consumer: room is taken before a
         batch leaves the reorder buffer and returned when the consumer receives it.
+
+        Liveness: while a batch is next in the reorder buffer and fewer than
+        ``device_depth`` are between here and the consumer, the pump takes it: ``release()``
+        returns the room of each batch received, and every batch taken is forwarded (a
+        device error becomes its Failure). The buffer's end finishes the output; its
+        failure fails the TaskGroup, and ``_run`` then fails the output.
         """
         forwarded = 0
         while True:
