@@ -1,4 +1,4 @@
-"""The side-by-side benchmark of issue 7: ``make bench`` (full) or ``make bench-quick``.
+"""The side-by-side benchmark: ``make bench`` (full) or ``make bench-quick``.
 
 Runs every (loader, workload, setting) of :mod:`benchmarks.plan` in a fresh process
 (:mod:`benchmarks.run_one`), loaders alternating, several repetitions, with the http workload's

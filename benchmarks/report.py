@@ -1,4 +1,4 @@
-"""Turns the runs' JSON into medians, the targets of issue 7, a Markdown table and a PNG plot."""
+"""Turns the runs' JSON into medians, the targets, a Markdown table and a PNG plot."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def _ratio(ours: dict | None, other: dict | None, key: str = "items_per_s") -> f
 
 
 def targets(rows: list[dict]) -> list[dict[str, Any]]:
-    """Issue 7's targets: ``value`` (epoch items/s) and ``steady`` (after the first batch)."""
+    """The targets: ``value`` (epoch items/s) and ``steady`` (after the first batch)."""
     out: list[dict[str, Any]] = []
 
     def add(name, need, op, value, steady=None, against="-"):
@@ -245,7 +245,7 @@ def markdown(summary: dict[str, Any], all_runs: bool = True) -> str:
         f"{fmt(m.get('load1_max'), 1)}) before its runs, which counts the benchmark's own runs "
         "too; so compare ratios within this table rather than absolute numbers across machines.",
         "",
-        "**Targets** (issue 7). *value* uses items/s over the whole epoch, from building the "
+        "**Targets**. *value* uses items/s over the whole epoch, from building the "
         "loader to its last batch (a fresh process: worker start-up included); *steady* uses "
         "items/s after the first batch.",
         "",

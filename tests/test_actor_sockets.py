@@ -105,7 +105,7 @@ def test_an_actor_whose_socket_closes_fails_what_it_held_and_is_named():
         group.close()
 
 
-# Issue 33 item 10c: the handshake checks who connected (SO_PEERCRED) and refuses a worker id
+# The handshake checks who connected (SO_PEERCRED) and refuses a worker id
 # that is connected already.
 
 LINUX = sys.platform.startswith("linux")

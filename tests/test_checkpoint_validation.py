@@ -1,4 +1,4 @@
-"""Checkpoint validation (issue 33, item 7): every malformed or tampered state is refused by
+"""Checkpoint validation: every malformed or tampered state is refused by
 ``load_state_dict()`` with a ValueError naming the field, the loader keeps the state it had,
 a changed dataset length needs ``allow_length_change=True``, a failed ``iter()`` after a load
 keeps the loaded state, and the state loads with ``torch.load(weights_only=True)``."""

@@ -1,5 +1,5 @@
 """Drop-in behaviour for DataLoader users: their seeds, their datasets' threading, their batch
-types and DataLoader's own signature and attributes (issue 15)."""
+types and DataLoader's own signature and attributes."""
 
 from __future__ import annotations
 

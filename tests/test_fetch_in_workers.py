@@ -1,4 +1,4 @@
-"""fetch_in_workers=True (issue 16): each worker fetches on its own event loop, and iterates its
+"""fetch_in_workers=True: each worker fetches on its own event loop, and iterates its
 own copy of an iterable source, as under DataLoader.
 
 The contracts (order, exactly once, bounded window, clean shutdown, resume, repeatable draws)

@@ -1,4 +1,4 @@
-"""Fuzzing the tar reader and the sample grouping (issue 33): archives generated from a spec
+"""Fuzzing the tar reader and the sample grouping: archives generated from a spec
 (hypothesis), a byte-level mutator over real shards (written by Python's tarfile and by GNU
 tar), and shards end to end through ShardedSource and AsyncLoader with both ``on_error``.
 

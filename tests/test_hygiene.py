@@ -1,4 +1,4 @@
-"""Process hygiene (issue 14): workers die with the training process, a process that raises
+"""Process hygiene: workers die with the training process, a process that raises
 while it holds an iterator exits, and exit leaves the resource tracker nothing to clean up.
 
 Each check runs a real training process, a script of ``tests/hygiene_scripts`` started with
@@ -38,7 +38,7 @@ SHM = Path("/dev/shm")
 #: Seconds a script may take to import torch and asyncloader, start its workers (and fork
 #: server) and print its first line, on a loaded 2-core machine.
 START_S = 25.0
-#: Workers must be gone this long after the training process was killed (issue 14, item 1).
+#: Workers must be gone this long after the training process was killed.
 ORPHAN_EXIT_S = 5.0
 #: A process that raised must have exited this long after: "never hangs" (item 2).
 RAISE_EXIT_S = 15.0

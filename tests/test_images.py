@@ -278,7 +278,7 @@ def test_draft_boxes_map_onto_the_reduced_image():
     assert image.size == (400, 300)
 
 
-# Issue 33 item 5: the formats decoded by default, and a pixel cap of ImageBatch's own.
+# The formats decoded by default, and a pixel cap of ImageBatch's own.
 
 
 def png_declaring(width, height):

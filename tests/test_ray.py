@@ -1,4 +1,4 @@
-"""RayEngine (issue 16, item 3): the worker pipeline in Ray actors, with the same contracts.
+"""RayEngine: the worker pipeline in Ray actors, with the same contracts.
 
 One local Ray cluster (``ray.init(num_cpus=2)``) serves this module and is shut down after it,
 so that later modules start in a process without Ray's threads. Each loader here starts its

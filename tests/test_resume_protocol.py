@@ -1,6 +1,6 @@
 """torchdata's resume protocol for what users bring: a stateful iterator returned by
 ``__iter__``, a dataset's own state between epochs, the shuffle RNG without a generator, and
-``state_dict()`` right after ``load_state_dict()`` (issue 15, item 4)."""
+``state_dict()`` right after ``load_state_dict()``."""
 
 from __future__ import annotations
 

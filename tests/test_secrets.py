@@ -1,4 +1,4 @@
-"""Credentials never leave a source failure, in any encoding (issue 33, item 4).
+"""Credentials never leave a source failure, in any encoding.
 
 Tokens drawn by hypothesis (URL-special characters, one of ``+/=`` always among them) are put
 where credentials sit: query values (percent-encoded, form-encoded, lower-case hex), the

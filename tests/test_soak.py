@@ -1,4 +1,4 @@
-"""The soak (issue 33): 50 epochs of one loader with persistent workers over a faulty HTTP server.
+"""The soak: 50 epochs of one loader with persistent workers over a faulty HTTP server.
 
 Every epoch delivers every sample exactly once through 503s, 429s, resets and truncated bodies
 (retried: ``on_error`` is the default). What the process tree holds after epoch 50 is what it
@@ -30,7 +30,7 @@ SAMPLES, BATCH = 192, 16
 #: int32 values per sample after ``widen``: 80 KiB, so a batch (1.3 MB) is over
 #: asyncloader._worker.transport.BY_VALUE_BYTES and leaves its worker in shared memory.
 WIDTH = 20 << 10
-#: Every figure after epoch 50 within 5% of epoch 5's (issue 33).
+#: Every figure after epoch 50 within 5% of epoch 5's.
 REL = 0.05
 #: Resident memory may also grow by 2 MiB whatever 5% allows. The training process is this
 #: pytest process (torch imported: ~400 MB, where 5% is the band), but the bound is also

@@ -1,4 +1,4 @@
-"""A real object store killed mid-epoch (issue 33): SeaweedFS (``weed mini``) is SIGKILLed after
+"""A real object store killed mid-epoch: SeaweedFS (``weed mini``) is SIGKILLed after
 the consumer received batch ``KILL_AFTER``, then either restarted within the retry deadline
 (every sample exactly once, in order) or left down past it (a FetchError naming the object or
 shard, in bounded time, every worker reaped). For ObjectStoreSource and ShardedSource over

@@ -1,4 +1,4 @@
-"""Copy-on-read (issue 34, item 5): the PSS of each of 4 forked workers at the start, the middle
+"""Copy-on-read: the PSS of each of 4 forked workers at the start, the middle
 and the end of an epoch over a list of 1M small dicts, DataLoader against AsyncLoader, and with
 the remedies: the records in an ``asyncloader.SharedList``, or ``gc.freeze()`` before the fork.
 

@@ -1,4 +1,4 @@
-"""Disk cache (issue 35): an epoch from a warm ``DiskCache`` against the same shards read from
+"""Disk cache: an epoch from a warm ``DiskCache`` against the same shards read from
 local paths and against the uncached epoch over HTTP, on the JPEG-shards workload of
 :mod:`benchmarks.probes.jpeg_shards` (40 tar shards of 100 JPEGs, one
 :class:`examples.latency_server.LatencyServer` adding 20 ms to every request).

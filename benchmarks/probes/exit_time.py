@@ -1,4 +1,4 @@
-"""Exit times (issue 14), asyncloader against ``torch.utils.data.DataLoader``:
+"""Exit times, asyncloader against ``torch.utils.data.DataLoader``:
 
 - **raise**: a training step raises while its process holds the loader's iterator
   (``batches = iter(loader); for _ in batches: raise ...``; 1 worker, batch_size 1, a million

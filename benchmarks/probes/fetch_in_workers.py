@@ -1,4 +1,4 @@
-"""Fetch on one loop or in the workers (issue 16): the io workload at a high in-flight count.
+"""Fetch on one loop or in the workers: the io workload at a high in-flight count.
 
 The benchmark's io workload (``async def __getitem__`` answering after 20 ms, batches of 32)
 with ``io_concurrency`` samples in flight, through three placements of asyncloader:

@@ -1,5 +1,5 @@
 """A Hugging Face ``datasets.Dataset`` in torch format, through DataLoader and AsyncLoader
-(issue 31, item 4: ``__getitems__``).
+(``__getitems__``).
 
 The dataset: ``--rows`` rows (100,000 by default) of an ``int64`` label (the row's number) and
 a ``float32`` feature vector of ``--dim`` values (16; the first is the row's number again),

@@ -1,4 +1,4 @@
-"""Large in-memory datasets (issue 31, item 7): time to the first batch of epochs 1 and 2 and
+"""Large in-memory datasets: time to the first batch of epochs 1 and 2 and
 the peak memory of the whole process tree, DataLoader against AsyncLoader, 2 workers.
 
 Datasets, built in the training process before the loader (map-style ``torch`` Datasets):

@@ -1,4 +1,4 @@
-"""RayEngine against the local worker processes and against Ray Data (issue 16, item 3).
+"""RayEngine against the local worker processes and against Ray Data.
 
 Each run is a fresh process that starts its own Ray instance first when it needs one
 (``ray.init(num_cpus=2)``, before the clock), then runs two epochs of one loader with

@@ -1,4 +1,4 @@
-"""What bringing batches from Ray actors costs, by transport (issue 16): actor calls against a
+"""What bringing batches from Ray actors costs, by transport: actor calls against a
 compiled graph (Ray's shared-memory channels, no task submission per call).
 
 Two actors on a local 2-CPU Ray instance answer lists of 32 x 1024-float batches (the io

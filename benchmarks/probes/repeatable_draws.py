@@ -1,4 +1,4 @@
-"""Do random augmentations repeat with the same seed (issue 15, item 2)?
+"""Do random augmentations repeat with the same seed?
 
 An epoch of 64 samples, ``shuffle=True`` with a seeded ``generator``, batches of 4, a
 ``__getitem__`` and a ``transform`` that draw from torch's, Python's and numpy's global RNGs.
@@ -11,8 +11,8 @@ DataLoader (2 workers):
 - **resume = uninterrupted**: a run stopped after 5 batches and resumed (``state_dict``
   through JSON, 1 worker) gives the uninterrupted run's remaining batches.
 
-``python -m benchmarks.probes.repeatable_draws [--runs 5]``. Measured on the 2-core machine
-(issue 15): asyncloader 5 of 5, True, True; before per-batch seeds (commit bffa303) 1 of 5,
+``python -m benchmarks.probes.repeatable_draws [--runs 5]``. Measured on the 2-core
+machine: asyncloader 5 of 5, True, True; before per-batch seeds (commit bffa303) 1 of 5,
 False, False; DataLoader 5 of 5 for its one worker count.
 """
 

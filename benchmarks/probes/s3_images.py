@@ -1,4 +1,4 @@
-"""Per-object images from S3 (issue 17, item 3): one JPEG per object, decoded, cropped and
+"""Per-object images from S3: one JPEG per object, decoded, cropped and
 batched, through DataLoader + s3fs, asyncloader's ``ObjectStoreSource`` and, where it installs,
 Amazon's s3torchconnector.
 

@@ -1,5 +1,5 @@
-"""A training step that raises while its process holds the loader's iterator (issue 14,
-item 2): 1 worker, a million samples of 10 ms each, so the epoch is far from over.
+"""A training step that raises while its process holds the loader's iterator: 1
+worker, a million samples of 10 ms each, so the epoch is far from over.
 
 ``python raise_in_loop.py {plain,fork,spawn} JOIN_S``: ``plain`` raises in this script;
 ``fork`` and ``spawn`` raise in a ``multiprocessing.Process`` child of that start method, which

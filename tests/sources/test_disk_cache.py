@@ -1,4 +1,4 @@
-"""DiskCache: sources read through a shared local cache (issue 35).
+"""DiskCache: sources read through a shared local cache.
 
 The contract checkers run over cached sources cold, warm, partially warm, with a corrupted or
 truncated entry, and with the server stopped; a writer SIGKILLed mid-write leaves nothing

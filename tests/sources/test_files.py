@@ -61,7 +61,7 @@ def test_missing_file_fails_at_once_or_is_skipped(tmp_path):
     assert isinstance(got[2], Skipped) and got[2].index == 2 and source.skipped == 1
 
 
-# Issue 33 item 10b: only regular files are read, and never past the size fstat reported.
+# Only regular files are read, and never past the size fstat reported.
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """HTTP replies that lie or stall: compressed sizes, redirects carrying secrets, trickles,
-Retry-After forms, bodies whose end cannot be verified (issue 33, items 2, 3, 6, 10a, 10d)."""
+Retry-After forms, bodies whose end cannot be verified."""
 
 import asyncio
 import email.utils

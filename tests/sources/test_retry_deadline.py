@@ -1,4 +1,4 @@
-"""The default, deadline-based retry policy against a real faulty HTTP server (issue 14, item 7).
+"""The default, deadline-based retry policy against a real faulty HTTP server.
 
 The policy's own timing is tested with a fake clock in test_retry.py; here the waits are real
 but short: ``QUICK`` keeps the default deadline and attempt bound with millisecond backoff.

@@ -1,4 +1,4 @@
-"""A stream never splices two versions of an object (issue 33, item 8): a resumed HTTP range
+"""A stream never splices two versions of an object: a resumed HTTP range
 is checked against the first response's ETag (or Last-Modified) and size; an object store's
 blocks against the ETag its first listing reported."""
 

@@ -1,4 +1,4 @@
-"""Everyday scripts (issue 31, item 6): AsyncLoader in place of DataLoader changes nothing a
+"""Everyday scripts: AsyncLoader in place of DataLoader changes nothing a
 script prints.
 
 Each pattern is a script of ``tests/usage/scripts``, written as a DataLoader user writes it;
