@@ -1,6 +1,7 @@
 """Test-wide configuration: CUDA tests skip where there is no CUDA device; servers that
 several modules share (on 127.0.0.1 only) start once per session."""
 
+import inspect
 import os
 
 import pytest
@@ -14,7 +15,43 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 pytest.register_assert_rewrite("tests.helpers")
 
 
+#: Test files that build a fresh venv, run jobs of several processes (torchrun, trainers,
+#: scripts in fresh interpreters, epochs at full scale), a Ray cluster, the soak, or the fuzz
+#: matrices: marked ``slow``, which ``make check`` leaves out (``make test`` runs them).
+SLOW_FILES = frozenset({
+    "test_packaging.py", "test_torchrun.py", "test_hygiene.py", "test_soak.py", "test_ray.py",
+    "test_defaults_at_scale.py", "test_fuzz_tar.py", "test_fuzz_http.py", "test_store_faults.py",
+    "test_examples.py", "test_secrets.py",
+})  # fmt: skip
+SLOW_FOLDERS = frozenset({"trainers", "usage", "compat"})
+#: An external store, by fixture or by parameter id: a test that uses one is ``slow`` too.
+STORE_FIXTURES = frozenset({"seaweed"})
+STORE_IDS = ("object-store",)
+#: A test whose own body starts another interpreter (a script, a job) is ``slow`` too.
+STARTS_A_PROCESS = ("sys.executable", "run_job(")
+
+
+def is_slow(item: pytest.Item) -> bool:
+    path = item.path
+    if path.name in SLOW_FILES or path.parent.name in SLOW_FOLDERS or "compat" in path.parts:
+        return True
+    if set(getattr(item, "fixturenames", ())) & STORE_FIXTURES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and any(store in callspec.id for store in STORE_IDS):
+        return True
+    function = getattr(item, "function", None)
+    try:
+        body = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        body = ""
+    return any(mark in body for mark in STARTS_A_PROCESS)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_slow(item):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
