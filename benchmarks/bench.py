@@ -10,7 +10,7 @@ samples, fails or hangs stops the benchmark with its error.
 Where: the summary (``summary.json``, ``results.md``, ``results.png``) in ``results/``, where
 git keeps the latest full run's, and the per-run JSON in ``results/runs/``, which git ignores;
 a quick run writes both under ``results/quick/`` (ignored too). ``summary.json`` also holds the
-probes' summaries (:mod:`benchmarks.summaries`), which a run keeps.
+probes' summaries (:mod:`benchmarks.side_by_side`), which a run keeps.
 
 ``python -m benchmarks.bench [--quick] [--reps N] [--only WORKLOAD ...] [--out DIR]``;
 ``--report-only`` rewrites the table, plot and docs/benchmarks.md's latest run from an existing
@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 from tqdm import tqdm
 
-from benchmarks import plan, plot, report, summaries, workloads
+from benchmarks import plan, plot, report, side_by_side, workloads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUN_TIMEOUT_S = 300
@@ -144,9 +144,9 @@ def main() -> None:
     info["elapsed_s"] = time.time() - started
     info["load1_after"] = os.getloadavg()[0]
     summary = report.summarize(results, info)
-    if saved := summaries.probes(out / "summary.json"):  # the probes' sections stay
+    if saved := side_by_side.saved(out / "summary.json"):  # the probes' sections stay
         summary["probes"] = saved
-    summaries.write(summary, out / "summary.json")
+    side_by_side.write(summary, out / "summary.json")
     publish(summary, out, readme=not (args.quick or args.no_readme or args.out or args.only))
 
 

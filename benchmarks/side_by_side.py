@@ -1,5 +1,19 @@
-"""One workload through several loaders (or asyncloader from several source trees), side by
-side: each run in a fresh process, loaders alternating, medians.
+"""Rounds, pairing, medians and spreads: how every benchmark here compares things; and the
+harness's side-by-side command, one workload through several loaders.
+
+The API, used by :mod:`benchmarks.bench` and every probe (:mod:`benchmarks.probes`):
+
+- :func:`in_fresh_process` / :func:`in_fresh_process_sampled`: one measurement, a process of
+  its own (the second samples the tree's memory);
+- :func:`rounds`: every case once per round, in the same order, ``reps`` rounds, so the cases
+  alternate and each round's cases ran back to back;
+- :func:`medians`, :func:`paired` (each case's per-round ratio to an anchor case of the same
+  round: lowest, median, highest) and :func:`spread` (those as text);
+- :func:`save` / :func:`saved` / :func:`write`: the committed summary,
+  ``benchmarks/results/summary.json``; a probe run with ``--save`` (:func:`add_save_argument`)
+  records its summary under ``"probes"`` and a section named after it, with its command. A
+  save replaces its section only and keeps medians and tables, never each run's figures
+  (``runs``), which stay in the probe's output. See docs/benchmarks.md.
 
 ``python -m benchmarks.side_by_side WORKLOAD SETTING ITEMS LOADER... [--reps N] [--busy N]``
 
@@ -10,9 +24,6 @@ interpreter is used; the run imports the other tree's ``asyncloader`` and ``benc
 how the ranking holds on a loaded machine. Items/s over the epoch is what the benchmark's
 targets use; the other columns are its other measurements. The http workload's server runs
 for the whole comparison, as in the benchmark.
-
-:func:`in_fresh_process` is how the probes (:mod:`benchmarks.probes`) run each measurement in
-a process of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +46,9 @@ import psutil
 from benchmarks.workloads import http_server
 
 ROOT = Path(__file__).resolve().parent.parent
+SUMMARY = ROOT / "benchmarks" / "results" / "summary.json"
+#: Keys that hold each run's figures: left out of what is saved.
+PER_RUN = frozenset({"runs", "alone_runs"})
 
 
 def in_fresh_process(
@@ -138,6 +153,112 @@ def _sample_tree(proc: subprocess.Popen, every_s: float, deadline: float) -> dic
     return peaks
 
 
+def rounds(cases: Sequence[str], reps: int, one: Callable[[str], Any]) -> dict[str, list]:
+    """``{case: [one(case) of round 1, of round 2, ...]}``: ``reps`` rounds, each running every
+    case once in the order given, so the cases alternate and a round's runs are neighbours."""
+    runs: dict[str, list] = {case: [] for case in cases}
+    for _ in range(reps):
+        for case in cases:
+            runs[case].append(one(case))
+    return runs
+
+
+def medians(runs: dict[str, list[dict]], keys: Iterable[str]) -> dict[str, dict[str, float]]:
+    """``{case: {key: median over its runs}}``; runs without ``key`` (or with ``None``) are left
+    out of that key's median, and a key no run has is left out."""
+    out: dict[str, dict[str, float]] = {}
+    for case, rs in runs.items():
+        out[case] = {}
+        for key in keys:
+            values = [r[key] for r in rs if r is not None and r.get(key) is not None]
+            if values:
+                out[case][key] = statistics.median(values)
+    return out
+
+
+def paired(
+    runs: dict[str, list[dict]], anchor: str, key: str = "items_per_s"
+) -> dict[str, tuple[float, float, float]]:
+    """Each other case's ratio of ``key`` to ``anchor``'s in the same round (the two ran back
+    to back): ``{case: (lowest, median, highest)}`` over the rounds where both have it."""
+    out = {}
+    for case, rs in runs.items():
+        ratios = [
+            mine[key] / theirs[key]
+            for mine, theirs in zip(rs, runs.get(anchor, []), strict=False)
+            if mine and theirs and mine.get(key) and theirs.get(key)
+        ]
+        if case != anchor and ratios:
+            out[case] = (min(ratios), statistics.median(ratios), max(ratios))
+    return out
+
+
+def spread(runs: dict[str, list[dict]], key: str = "items_per_s") -> list[str]:
+    """Each run's ``key``, and each case's per-round ratio to the last case named, as text."""
+    lines = [f"  per run {key}, {name}: {[round(r[key]) for r in rs]}" for name, rs in runs.items()]
+    *_, anchor = runs
+    for name, (low, mid, high) in paired(runs, anchor, key).items():
+        lines.append(
+            f"  {name} / {anchor} per round: median {mid:.3f}x, range {low:.3f}-{high:.3f}"
+        )
+    return lines
+
+
+def add_save_argument(parser: argparse.ArgumentParser, section: str) -> None:
+    """``--save [SECTION]``: record the summary under ``SECTION`` (``section`` by default)."""
+    parser.add_argument(
+        "--save",
+        nargs="?",
+        const=section,
+        metavar="SECTION",
+        help=f"record the summary in benchmarks/results/summary.json under probes/SECTION "
+        f"(default: {section})",
+    )
+
+
+def without_runs(summary: Any) -> Any:
+    """``summary`` without the figures of each run (a list or mapping under a key of
+    :data:`PER_RUN`; a count of runs stays), at any depth."""
+    if isinstance(summary, dict):
+        return {
+            k: without_runs(v)
+            for k, v in summary.items()
+            if not (k in PER_RUN and isinstance(v, (list, dict)))
+        }
+    if isinstance(summary, list):
+        return [without_runs(v) for v in summary]
+    return summary
+
+
+def command() -> str:
+    """The command line of this process, as ``python -m module args...``."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    program = f"-m {spec.name}" if spec is not None else sys.argv[0]
+    return " ".join(["python", program, *sys.argv[1:]])
+
+
+def save(section: str, summary: dict[str, Any], path: Path = SUMMARY) -> None:
+    """Records ``summary`` (without each run's figures) under ``probes/section`` of ``path``,
+    with this process's command; the rest of the file stays as it is."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    probes = data.setdefault("probes", {})
+    probes[section] = {"command": command(), **without_runs(summary)}
+    data["probes"] = dict(sorted(probes.items()))
+    write(data, path)
+
+
+def saved(path: Path = SUMMARY) -> dict[str, Any]:
+    """The probes' sections recorded in ``path`` (none when it does not exist)."""
+    return json.loads(path.read_text()).get("probes", {}) if path.exists() else {}
+
+
+def write(data: dict[str, Any], path: Path = SUMMARY) -> None:
+    """Writes ``data`` to ``path`` whole or not at all (through a ``.tmp`` file beside it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def run(loader: str, workload: str, setting: int, items: int, port: int | None = None) -> dict:
     """One fresh-process run of ``benchmarks.run_one``, in ``loader``'s tree; ``port`` is the
     http workload's server's."""
@@ -158,49 +279,28 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=0)
     args = parser.parse_args()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    runs: dict[str, list[dict]] = {loader: [] for loader in args.loaders}
     try:
         with contextlib.ExitStack() as stack:
             port = None
             if args.workload == "http":
                 port = stack.enter_context(http_server(args.items)).port
-            for _ in range(args.reps):
-                for loader in args.loaders:
-                    runs[loader].append(run(loader, args.workload, args.setting, args.items, port))
+            runs = rounds(
+                args.loaders,
+                args.reps,
+                lambda loader: run(loader, args.workload, args.setting, args.items, port),
+            )
     finally:
         for proc in busy:
             proc.kill()
             proc.wait()
     print(f"{args.workload} {args.setting} {args.items} items, {args.reps} runs each, medians")
     print("loader                          items/s   steady   first s   CPU s")
-    for loader, results in runs.items():
-        items, steady, first, cpu = (
-            statistics.median(r[key] for r in results)
-            for key in ("items_per_s", "steady_items_per_s", "ttfb_s", "cpu_s")
-        )
+    keys = ("items_per_s", "steady_items_per_s", "ttfb_s", "cpu_s")
+    for loader, m in medians(runs, keys).items():
+        items, steady, first, cpu = (m[key] for key in keys)
         print(f"{loader:30s} {items:8.0f} {steady:8.0f} {first:9.3f} {cpu:7.2f}")
     print(*spread(runs), sep="\n")
     print("load average at the end:", *(f"{x:.2f}" for x in os.getloadavg()))
-
-
-def spread(runs: dict[str, list[dict]]) -> list[str]:
-    """Each run's items/s, and each loader's per-round ratio to the last loader named (the
-    rounds ran side by side), with its median and range."""
-    lines = [
-        f"  per run items/s, {name}: {[round(r['items_per_s']) for r in rs]}"
-        for name, rs in runs.items()
-    ]
-    *others, anchor = runs
-    for name in others:
-        ratios = [
-            mine["items_per_s"] / theirs["items_per_s"]
-            for mine, theirs in zip(runs[name], runs[anchor], strict=True)
-        ]
-        lines.append(
-            f"  {name} / {anchor} per round: median {statistics.median(ratios):.3f}x, "
-            f"range {min(ratios):.3f}-{max(ratios):.3f} ({[round(x, 3) for x in ratios]})"
-        )
-    return lines
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import summaries
+from benchmarks import side_by_side as summaries
 from benchmarks.checks import Checker
 from benchmarks.loaders import asyncloader_options
 from benchmarks.probes.autotune import Latency, rates, timed_run

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import summaries
+from benchmarks import side_by_side as summaries
 from benchmarks.side_by_side import in_fresh_process
 
 SETTINGS = ["16", "64", "256", "1024", "4096", "auto"]

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import summaries
+from benchmarks import side_by_side as summaries
 from benchmarks.side_by_side import in_fresh_process, in_fresh_process_sampled
 
 CASES = ("alone", "reused", "fresh")

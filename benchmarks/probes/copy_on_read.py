@@ -55,7 +55,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks import summaries
+from benchmarks import side_by_side as summaries
 from benchmarks.probes.inmemory import BATCH, DICTS, DictsDataset, _check
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,8 @@ import resource
 import statistics
 import time
 
-from benchmarks import side_by_side, summaries
+from benchmarks import side_by_side
+from benchmarks import side_by_side as summaries
 from benchmarks.workloads import LATENCY_S
 
 PLACEMENTS = {

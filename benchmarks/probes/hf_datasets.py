@@ -33,7 +33,8 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks import side_by_side, summaries
+from benchmarks import side_by_side
+from benchmarks import side_by_side as summaries
 
 BATCH = 256
 #: case -> (loader, num_workers, extra AsyncLoader options)

@@ -34,8 +34,7 @@ import threading
 import time
 import warnings
 
-from benchmarks.side_by_side import in_fresh_process
-from benchmarks.summaries import add_save_argument, save
+from benchmarks.side_by_side import add_save_argument, in_fresh_process, save
 from benchmarks.workloads import AsyncHttpSource, http_server
 
 IN_FLIGHT = 64

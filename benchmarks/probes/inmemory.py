@@ -64,7 +64,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks import summaries
+from benchmarks import side_by_side as summaries
 from benchmarks.side_by_side import in_fresh_process, in_fresh_process_sampled
 
 BATCH = 256

@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import summaries
+from benchmarks import side_by_side as summaries
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "jpeg_shards"  # of benchmarks/results/summary.json's probes
@@ -836,7 +836,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.replot:
-        saved = summaries.probes()[args.replot]
+        saved = summaries.saved()[args.replot]
         summary = {"medians": saved["medians"], "targets": targets(saved["medians"])}
         args.images, args.reps = saved["workload"]["images"], saved["reps"]
         print(table(summary, args))

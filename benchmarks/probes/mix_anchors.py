@@ -71,7 +71,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import side_by_side, summaries
+from benchmarks import side_by_side
+from benchmarks import side_by_side as summaries
 
 LIBRARIES = ("asyncloader", "mosaicml", "litdata")
 SIZES = {"web": 4000, "code": 2000}

@@ -41,7 +41,8 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks import side_by_side, summaries
+from benchmarks import side_by_side
+from benchmarks import side_by_side as summaries
 
 CASES = {
     "cpu": ("local pool", "ray", "ray via store", "ray data"),

@@ -20,7 +20,8 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks import side_by_side, summaries
+from benchmarks import side_by_side
+from benchmarks import side_by_side as summaries
 
 SHAPE = (32, 1024)
 CASES = (("call", 1), ("compiled", 1), ("call", 8), ("compiled", 8))

@@ -64,7 +64,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-from benchmarks import side_by_side, summaries
+from benchmarks import side_by_side
+from benchmarks import side_by_side as summaries
 from benchmarks.probes.jpeg_shards import reference_pixels
 
 SIZE = 224
