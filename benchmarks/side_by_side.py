@@ -153,12 +153,15 @@ def _sample_tree(proc: subprocess.Popen, every_s: float, deadline: float) -> dic
     return peaks
 
 
-def rounds(cases: Sequence[str], reps: int, one: Callable[[str], Any]) -> dict[str, list]:
+def rounds(
+    cases: Sequence[str], reps: int, one: Callable[[str], Any], snake: bool = False
+) -> dict[str, list]:
     """``{case: [one(case) of round 1, of round 2, ...]}``: ``reps`` rounds, each running every
-    case once in the order given, so the cases alternate and a round's runs are neighbours."""
+    case once in the order given (``snake``: every other round in reverse, so no case always
+    follows the same one), so the cases alternate and a round's runs are neighbours."""
     runs: dict[str, list] = {case: [] for case in cases}
-    for _ in range(reps):
-        for case in cases:
+    for rep in range(reps):
+        for case in reversed(cases) if snake and rep % 2 else cases:
             runs[case].append(one(case))
     return runs
 
