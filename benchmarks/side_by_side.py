@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -70,11 +71,15 @@ def in_fresh_process(
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+class RunFailed(RuntimeError):
+    """A fresh-process run exited non-zero, ran past its deadline, or printed no result."""
+
+
 def in_fresh_process_sampled(
-    module: str, *args: object, every_s: float = 0.025, timeout_s: float = 300
+    module: str, *args: object, every_s: float = 0.025, timeout_s: float = 300, rss: bool = False
 ) -> dict:
     """:func:`in_fresh_process`, with the memory of the process and all its descendants
-    sampled from here every ``every_s``. Its result gains:
+    sampled from here every ``every_s`` (their list refreshed every 0.1 s). Its result gains:
 
     - ``peak_pss_gb``: the peak PSS summed over the tree, and ``peak_main_pss_gb`` and
       ``peak_children_pss_gb`` at that peak;
@@ -86,13 +91,30 @@ def in_fresh_process_sampled(
       memory made meanwhile: measure on a quiet machine).
 
     Reading a process's smaps takes its memory map's lock, which its ``fork()`` and page
-    faults then wait for: time a run left alone, and take the memory from a sampled one.
+    faults then wait for: time a run left alone, and take the memory from a sampled one. With
+    ``rss``, the result gains only ``peak_rss_mb`` instead, the peak of the tree's summed RSS
+    (shared memory counted in every process that maps it), which takes no such lock: how
+    :mod:`benchmarks.bench` samples the runs it times.
+
+    Raises:
+        RunFailed: It exited non-zero, ran past ``timeout_s`` or printed nothing.
     """
     cmd = [sys.executable, "-m", module, *map(str, args)]
+    sample = _rss if rss else functools.partial(_pss, shmem0=_shmem())
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT)
+        root, peaks, refreshed = psutil.Process(proc.pid), {}, 0.0
+        procs, deadline = [root], time.monotonic() + timeout_s
         try:
-            peaks = _sample_tree(proc, every_s, time.monotonic() + timeout_s)
+            while proc.poll() is None:
+                if (now := time.monotonic()) > deadline:
+                    raise RunFailed(f"{' '.join(cmd[1:])} ran past {timeout_s} s")
+                if now - refreshed >= 0.1:
+                    with contextlib.suppress(psutil.Error):
+                        procs = [root, *root.children(recursive=True)]
+                    refreshed = now
+                sample(procs, peaks)
+                time.sleep(every_s)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -101,10 +123,8 @@ def in_fresh_process_sampled(
         err.seek(0)
         lines = out.read().strip().splitlines()
         if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"{cmd} failed ({proc.returncode}):\n{err.read()[-4000:]}")
-    result = json.loads(lines[-1])
-    result.update({key: value / 2**30 for key, value in peaks.items()})
-    return result
+            raise RunFailed(f"{cmd} failed ({proc.returncode}):\n{err.read()[-4000:]}")
+    return {**json.loads(lines[-1]), **peaks}
 
 
 def _kib(text: str, field: str) -> int:
@@ -119,38 +139,36 @@ def _shmem() -> int:
     return _kib(Path("/proc/meminfo").read_text(), "Shmem")
 
 
-def _sample_tree(proc: subprocess.Popen, every_s: float, deadline: float) -> dict[str, int]:
-    """Peaks in bytes (see :func:`in_fresh_process_sampled`) of ``proc``'s tree until it
-    exits; raises past ``deadline``. The list of descendants is refreshed every 0.1 s."""
-    root = psutil.Process(proc.pid)
-    procs, refreshed, shmem0 = [root], 0.0, _shmem()
-    peaks = dict.fromkeys(
-        ("peak_pss_gb", "peak_main_pss_gb", "peak_children_pss_gb", "peak_held_gb"), 0
-    )
-    while proc.poll() is None:
-        now = time.monotonic()
-        if now > deadline:
-            raise RuntimeError(f"{proc.args} ran past its deadline")
-        if now - refreshed >= 0.1:
-            with contextlib.suppress(psutil.Error):
-                procs = [root, *root.children(recursive=True)]
-            refreshed = now
-        main = rest = shared = 0
-        for p in procs:
-            with contextlib.suppress(OSError):
-                rollup = Path(f"/proc/{p.pid}/smaps_rollup").read_text()
-                pss = _kib(rollup, "Pss")
-                shared += _kib(rollup, "Pss_Shmem")
-                if p.pid == root.pid:
-                    main = pss
-                else:
-                    rest += pss
-        if main + rest > peaks["peak_pss_gb"]:
-            peaks.update(peak_pss_gb=main + rest, peak_main_pss_gb=main, peak_children_pss_gb=rest)
-        held = main + rest - shared + max(0, _shmem() - shmem0)
-        peaks["peak_held_gb"] = max(peaks["peak_held_gb"], held)
-        time.sleep(every_s)
-    return peaks
+def _rss(procs: list[psutil.Process], peaks: dict[str, float]) -> None:
+    """Raises ``peaks["peak_rss_mb"]`` to the tree's summed RSS now, where it is higher."""
+    total = 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    peaks["peak_rss_mb"] = max(peaks.get("peak_rss_mb", 0.0), total / 2**20)
+
+
+def _pss(procs: list[psutil.Process], peaks: dict[str, float], shmem0: int) -> None:
+    """Raises ``peaks``' PSS figures (see :func:`in_fresh_process_sampled`) to the tree's now,
+    where they are higher; ``procs[0]`` is the run's own process."""
+    main = rest = shared = 0
+    for p in procs:
+        with contextlib.suppress(OSError):
+            rollup = Path(f"/proc/{p.pid}/smaps_rollup").read_text()
+            pss = _kib(rollup, "Pss")
+            shared += _kib(rollup, "Pss_Shmem")
+            if p is procs[0]:
+                main = pss
+            else:
+                rest += pss
+    if (main + rest) / 2**30 >= peaks.get("peak_pss_gb", 0.0):
+        peaks.update(
+            peak_pss_gb=(main + rest) / 2**30,
+            peak_main_pss_gb=main / 2**30,
+            peak_children_pss_gb=rest / 2**30,
+        )
+    held = (main + rest - shared + max(0, _shmem() - shmem0)) / 2**30
+    peaks["peak_held_gb"] = max(peaks.get("peak_held_gb", 0.0), held)
 
 
 def rounds(

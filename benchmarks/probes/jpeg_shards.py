@@ -82,6 +82,7 @@ import numpy as np
 from benchmarks import side_by_side
 
 ROOT = Path(__file__).resolve().parents[2]
+MODULE = "benchmarks.probes.jpeg_shards"
 SECTION = "jpeg_shards"  # of benchmarks/results/summary.json's probes
 SIZE = 224
 BATCH = 64
@@ -593,13 +594,11 @@ def run_alone(images: int) -> dict[str, Any]:
 
 def in_fresh_process(*args: object) -> dict[str, Any]:
     """``python -m benchmarks.probes.jpeg_shards args...`` in a fresh process, its tree's RSS
-    sampled from here every 20 ms (as :func:`benchmarks.bench.run_case`); its JSON result,
-    with ``peak_rss_mb`` (shared memory counted in every process that maps it)."""
-    from benchmarks.bench import run_sampled
-
-    cmd = [sys.executable, "-m", "benchmarks.probes.jpeg_shards", *map(str, args)]
-    result, peak_mb = run_sampled(cmd, args, RUN_TIMEOUT_S, SAMPLE_EVERY_S, ROOT)
-    return {**result, "peak_rss_mb": peak_mb}
+    sampled from here every 20 ms (as :mod:`benchmarks.bench` samples its runs); its JSON
+    result, with ``peak_rss_mb`` (shared memory counted in every process that maps it)."""
+    return side_by_side.in_fresh_process_sampled(
+        MODULE, *args, every_s=SAMPLE_EVERY_S, timeout_s=RUN_TIMEOUT_S, rss=True
+    )
 
 
 KEYS = (
