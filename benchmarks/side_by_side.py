@@ -184,10 +184,10 @@ def rounds(
     return runs
 
 
-def medians(runs: dict[str, list[dict]], keys: Iterable[str]) -> dict[str, dict[str, float]]:
+def medians(runs: dict[Any, list[dict]], keys: Iterable[str]) -> dict[Any, dict[str, float]]:
     """``{case: {key: median over its runs}}``; runs without ``key`` (or with ``None``) are left
     out of that key's median, and a key no run has is left out."""
-    out: dict[str, dict[str, float]] = {}
+    out: dict[Any, dict[str, float]] = {}
     for case, rs in runs.items():
         out[case] = {}
         for key in keys:
