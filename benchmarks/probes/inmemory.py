@@ -45,8 +45,8 @@ DataLoader's medians.
 
 ``python -m benchmarks.probes.inmemory [--reps 3] [--batches 50] [--epochs 2]
 [--only array|dicts] [--no-variant] [--save [SECTION]] [--toy]``; results in
-docs/benchmarks.md. ``--toy``: one round of 4 batches on a 16 MiB array and 10,000 dicts, each cell
-run once (sampled), to check that it still runs.
+docs/benchmarks.md. ``--toy``: one round of 4 batches on a 16 MiB array and 10,000 dicts,
+each cell run once (sampled), to check that it still runs.
 """
 
 from __future__ import annotations
