@@ -91,8 +91,11 @@ def test_no_benchmark_imports_the_tests_nor_a_probe_another(path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("probe", "args", "needs", "expected"),
-    [(probe, *run) for probe, runs in TOY.items() for run in runs],
-    ids=lambda x: " ".join(x) if isinstance(x, list) else None,
+    [
+        pytest.param(probe, *run, id=" ".join([probe, *run[0]]))
+        for probe, runs in TOY.items()
+        for run in runs
+    ],
 )
 def test_probe_runs_at_toy_size(probe, args, needs, expected):
     """``python -m benchmarks.probes.PROBE --toy`` ends cleanly and prints its table."""
@@ -101,7 +104,9 @@ def test_probe_runs_at_toy_size(probe, args, needs, expected):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("argv", "needs", "expected"), HARNESS, ids=lambda x: None)
+@pytest.mark.parametrize(
+    ("argv", "needs", "expected"), HARNESS, ids=[" ".join(argv[1:3]) for argv, *_ in HARNESS]
+)
 def test_side_by_side_runs_at_toy_size(argv, needs, expected):
     """The harness's side-by-side command, one round of a few hundred items, with the http
     workload's server too."""
