@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test compat-baseline lint bench bench-quick clean
+.PHONY: demo test compat-baseline lint bench bench-quick bench-probes clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ bench: $(VENV)/.bench-installed
 # results in benchmarks/results/quick/ (not committed).
 bench-quick: $(VENV)/.bench-installed
 	$(PY) -m benchmarks.bench --quick
+
+# Every probe (benchmarks/probes/), the side-by-side command and bench --quick on one workload
+# at toy size (tests/test_bench_probes.py, a few minutes): checks that they still run.
+bench-probes: $(VENV)/.bench-installed
+	$(PY) -m pytest -q -m slow tests/test_bench_probes.py
 
 # The tar fuzz suite at nightly size (tests/test_fuzz_tar.py, which CI runs with 10,000
 # cases): FUZZ_CASES generated and mutated archives (default 200,000: about 10 min on 2 cores).

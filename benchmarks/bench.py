@@ -10,7 +10,7 @@ samples, fails or hangs stops the benchmark with its error.
 Where: the summary (``summary.json``, ``results.md``, ``results.png``) in ``results/``, where
 git keeps the latest full run's, and the per-run JSON in ``results/runs/``, which git ignores;
 a quick run writes both under ``results/quick/`` (ignored too). ``summary.json`` also holds the
-probes' summaries (:mod:`benchmarks.summaries`), which a run keeps.
+probes' summaries (:mod:`benchmarks.side_by_side`), which a run keeps.
 
 ``python -m benchmarks.bench [--quick] [--reps N] [--only WORKLOAD ...] [--out DIR]``;
 ``--report-only`` rewrites the table, plot and docs/benchmarks.md's latest run from an existing
@@ -24,86 +24,30 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import psutil
 from tqdm import tqdm
 
-from benchmarks import plan, plot, report, summaries, workloads
+from benchmarks import plan, plot, report, side_by_side, workloads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUN_TIMEOUT_S = 300
 SAMPLE_EVERY_S = 0.01
-REFRESH_EVERY_S = 0.1
-
-
-class RunFailed(RuntimeError):
-    """A benchmark run exited non-zero, timed out, or printed no result."""
-
-
-def _tree_rss(procs: dict[int, psutil.Process]) -> int:
-    total = 0
-    for pid, proc in list(procs.items()):
-        try:
-            total += proc.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            del procs[pid]
-    return total
-
-
-def run_sampled(
-    cmd: list[str],
-    what: object,
-    timeout_s: float = RUN_TIMEOUT_S,
-    sample_every_s: float = SAMPLE_EVERY_S,
-    cwd: Path | None = None,
-) -> tuple[dict, float]:
-    """Runs ``cmd`` in a fresh process, sampling its process tree's RSS from here; returns its
-    last line of output as JSON and the tree's peak RSS in MiB (shared memory counted in every
-    process that maps it).
-
-    Raises:
-        RunFailed: It exited non-zero, ran past ``timeout_s`` or printed nothing (``what``
-            names it in the message).
-    """
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=cwd)
-        root = psutil.Process(proc.pid)
-        procs, peak, refreshed = {proc.pid: root}, 0, 0.0
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None:
-            now = time.monotonic()
-            if now > deadline:
-                proc.kill()
-                proc.wait()
-                raise RunFailed(f"{what} ran past {timeout_s} s")
-            if now - refreshed >= REFRESH_EVERY_S:
-                with contextlib.suppress(psutil.Error):
-                    for child in root.children(recursive=True):
-                        procs.setdefault(child.pid, child)
-                refreshed = now
-            peak = max(peak, _tree_rss(procs))
-            time.sleep(sample_every_s)
-        out.seek(0)
-        err.seek(0)
-        lines = out.read().strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise RunFailed(f"{what} failed (exit {proc.returncode}):\n{err.read()[-4000:]}")
-    return json.loads(lines[-1]), peak / 2**20
 
 
 def run_case(case: plan.Case, port: int | None) -> dict:
     """Runs one case in a fresh process; returns its result with the tree's peak RSS added."""
-    cmd = [sys.executable, "-m", "benchmarks.run_one", *case.argv()]
-    if port is not None and case.workload == "http":
-        cmd += ["--port", str(port)]
+    args = [
+        *case.argv(),
+        *(["--port", port] if port is not None and case.workload == "http" else []),
+    ]
     load = os.getloadavg()[0]
-    result, peak_mb = run_sampled(cmd, case)
-    result.update(rep=case.rep, peak_rss_mb=peak_mb, load1_before=load)
+    result = side_by_side.in_fresh_process_sampled(
+        "benchmarks.run_one", *args, every_s=SAMPLE_EVERY_S, timeout_s=RUN_TIMEOUT_S, rss=True
+    )
+    result.update(rep=case.rep, load1_before=load)
     return result
 
 
@@ -144,9 +88,9 @@ def main() -> None:
     info["elapsed_s"] = time.time() - started
     info["load1_after"] = os.getloadavg()[0]
     summary = report.summarize(results, info)
-    if saved := summaries.probes(out / "summary.json"):  # the probes' sections stay
+    if saved := side_by_side.saved(out / "summary.json"):  # the probes' sections stay
         summary["probes"] = saved
-    summaries.write(summary, out / "summary.json")
+    side_by_side.write(summary, out / "summary.json")
     publish(summary, out, readme=not (args.quick or args.no_readme or args.out or args.only))
 
 
@@ -162,7 +106,7 @@ def progress_note(result: dict) -> str:
 def run_all(cases: list[plan.Case], port: int | None, runs_dir: Path) -> list[dict]:
     """Runs ``cases`` one after another, each result written to ``runs_dir``, under a tqdm
     bar on stderr (stdout carries the results): the run under way, and the last one's
-    samples/s and stall. Exits the program on a :class:`RunFailed`."""
+    samples/s and stall. Exits the program on a :class:`benchmarks.side_by_side.RunFailed`."""
     results: list[dict] = []
     last = ""
     # The bar is refreshed at every run; tqdm's monitor thread would outlive it, and a live
@@ -174,7 +118,7 @@ def run_all(cases: list[plan.Case], port: int | None, runs_dir: Path) -> list[di
             bar.set_postfix_str(f"{case}{last}")
             try:
                 result = run_case(case, port)
-            except RunFailed as exc:
+            except side_by_side.RunFailed as exc:
                 bar.close()
                 sys.exit(f"benchmark stopped: {exc}")
             (runs_dir / f"{case.file_stem()}.json").write_text(json.dumps(result, indent=1))

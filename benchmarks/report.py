@@ -11,6 +11,7 @@ from collections import defaultdict
 from importlib import metadata
 from typing import Any
 
+from benchmarks import side_by_side
 from benchmarks.loaders import LOADERS
 from benchmarks.workloads import LATENCY_S, WORKLOADS
 
@@ -67,7 +68,7 @@ def summarize(results: list[dict], info: dict[str, Any]) -> dict[str, Any]:
     groups: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
     for r in results:
         groups[(r["workload"], r["loader"], r["setting"])].append(r)
-    rows = []
+    rows, medians = [], side_by_side.medians(groups, METRICS)
     for (workload, loader, setting), runs in groups.items():
         row = {
             "workload": workload,
@@ -77,10 +78,7 @@ def summarize(results: list[dict], info: dict[str, Any]) -> dict[str, Any]:
             "items": runs[0]["items"],
             "runs": len(runs),
         }
-        for m in METRICS:
-            values = [r[m] for r in runs if r.get(m) is not None]
-            row[m] = statistics.median(values) if values else None
-        rows.append(row)
+        rows.append(row | dict.fromkeys(METRICS) | medians[workload, loader, setting])
     order = {w: i for i, w in enumerate(WORKLOADS)}
     rows.sort(key=lambda r: (order[r["workload"]], LOADERS.index(r["loader"]), r["setting"]))
     for row in rows:

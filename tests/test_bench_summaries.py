@@ -1,8 +1,8 @@
-"""benchmarks.summaries: the probes' summaries share the benchmark's one committed JSON."""
+"""benchmarks.side_by_side: the probes' summaries share the benchmark's one committed JSON."""
 
 import json
 
-from benchmarks import summaries
+from benchmarks import side_by_side as summaries  # the summary API lives there
 
 
 def test_a_save_replaces_its_own_section_and_keeps_the_rest_without_each_runs_figures(tmp_path):
@@ -23,4 +23,4 @@ def test_a_save_replaces_its_own_section_and_keeps_the_rest_without_each_runs_fi
 def test_the_first_save_makes_the_file(tmp_path):
     path = tmp_path / "summary.json"
     summaries.save("p", {"medians": {}}, path)
-    assert summaries.probes(path) == {"p": {"command": summaries.command(), "medians": {}}}
+    assert summaries.saved(path) == {"p": {"command": summaries.command(), "medians": {}}}

@@ -1,18 +1,14 @@
-"""One-off investigations behind the numbers in ``docs/``, each built on the harness
-(:mod:`benchmarks.workloads`, :mod:`benchmarks.loaders`, :mod:`benchmarks.run_one`'s measuring,
-:func:`benchmarks.side_by_side.in_fresh_process` and the http workload's server). ``make
-bench`` runs none of them. Run each from the repository root as ``python -m
-benchmarks.probes.NAME``; ``--help`` says what it measures.
+"""Investigations whose questions recur, each built on the harness (:mod:`benchmarks.workloads`,
+:mod:`benchmarks.loaders`, :mod:`benchmarks.run_one`'s measuring) and on
+:mod:`benchmarks.side_by_side`'s rounds, pairing and medians. Run each from the repository root
+as ``python -m benchmarks.probes.NAME``; ``--help`` says what it measures, ``--toy`` runs it at
+toy size. No probe imports another. docs/benchmarks.md lists them, and the retired ones.
 
-- ``exit_time``: exit after a raise with a live iterator, and workers' exit after a SIGKILL.
-- ``gpu_copy``: host-to-GPU copy, pageable against pinned against asyncloader's device thread.
-- ``http_scaling``: ``HTTPSource``'s items/s against ``io_concurrency`` behind the 20 ms server.
+- ``autotune``: ``io_concurrency="auto"`` against fixed settings (sweep, whole epochs, a shift).
+- ``hf_datasets``: a Hugging Face ``datasets.Dataset`` through DataLoader and AsyncLoader.
 - ``inmemory``: a 1 GiB array and 1M dicts held by the dataset, forked workers, against
   DataLoader: first batch of epochs 1 and 2, peak PSS of the process tree.
-- ``io_ceiling``: a bare uvloop program on the io workload, the ceiling asyncloader is held to.
-- ``process_split``: one epoch's CPU and page faults, main process against each worker.
-- ``repeatable_draws``: random augmentations run after run, across worker counts and resume.
-- ``option_cost``: the cost of one option (``seed_per_sample`` on cpu, ``distributed`` on overhead).
-- ``sleep_precision``: how long ``asyncio.sleep(0.020)`` really takes.
-- ``sync_vs_async``: ``for`` (the sync wrapper) against ``async for`` on io.
+- ``jpeg_shards``: JPEG tar shards over HTTP, webdataset + DataLoader against asyncloader.
+
+``exit_time`` holds only the dataset of a retired probe, which a hygiene test script imports.
 """

@@ -17,8 +17,9 @@ prints samples/s per 0.5 s bin and how long after the shift it reached 0.9x the 
 setting's steady rate at 50 ms (measured in the same invocation).
 
 ``python -m benchmarks.probes.autotune [--reps 3] [--seconds 6] [--latencies MS...]
-[--no-shift] [--epochs] [--save [SECTION]]``; with each latency's medians it prints the
-spread: auto / best fixed in each rep, lowest to highest.
+[--no-shift] [--epochs] [--save [SECTION]] [--toy]``; with each latency's medians it prints
+the spread: auto / best fixed in each rep, lowest to highest. ``--toy``: one round of 64
+against "auto" at 50 ms for 0.5 s (with the shift), to check that it still runs.
 """
 
 from __future__ import annotations
@@ -26,14 +27,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import time
 from typing import Any
 
 import numpy as np
 
-from benchmarks import summaries
+from benchmarks import side_by_side
 from benchmarks.side_by_side import in_fresh_process
 
 SETTINGS = ["16", "64", "256", "1024", "4096", "auto"]
@@ -124,26 +124,18 @@ def child(args: argparse.Namespace) -> None:
 MODULE = "benchmarks.probes.autotune"
 
 
-def sweep(ms: int, reps: int, seconds: float) -> dict:
-    """Every setting at ``ms`` per sample, ``reps`` times alternating; prints and returns the
-    medians, the best fixed setting and the spread (auto / best fixed of each rep, the two
-    run in the same round)."""
-    runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
+def sweep(ms: int, reps: int, seconds: float, settings: list[str]) -> dict:
+    """Every setting at ``ms`` per sample, ``reps`` rounds; prints and returns the medians,
+    the best fixed setting and the spread (auto / best fixed, per round)."""
     common = ["--child", "--latency-ms", ms, "--seconds", seconds]
-    for _ in range(reps):
-        for setting in SETTINGS:
-            runs[setting].append(in_fresh_process(MODULE, *common, "--setting", setting))
-    table = {
-        s: {k: statistics.median(r[k] for r in runs[s]) for k in ("whole", "steady")}
-        for s in SETTINGS
-    }
-    best = max((s for s in SETTINGS if s != "auto"), key=lambda s: table[s]["steady"])
-    spread = {
-        k: sorted(a[k] / b[k] for a, b in zip(runs["auto"], runs[best], strict=True))
-        for k in ("whole", "steady")
-    }
+    runs = side_by_side.rounds(
+        settings, reps, lambda s: in_fresh_process(MODULE, *common, "--setting", s)
+    )
+    table = side_by_side.medians(runs, ("whole", "steady"))
+    best = max((s for s in settings if s != "auto"), key=lambda s: table[s]["steady"])
+    spread = {k: side_by_side.paired(runs, best, k)["auto"] for k in ("whole", "steady")}
     print(f"\n{ms} ms per sample: samples/s, medians of {reps} (whole run / last half)")
-    for s in SETTINGS:
+    for s in settings:
         print(f"  {s:>5}  {table[s]['whole']:9,.0f}  {table[s]['steady']:9,.0f}")
     auto, top = table["auto"], table[best]
     print(
@@ -155,34 +147,34 @@ def sweep(ms: int, reps: int, seconds: float) -> dict:
     return {"table": table, "best_fixed": best, "auto_per_rep": spread}
 
 
-def epochs(ms: int, reps: int, seconds: float) -> dict:
+def epochs(ms: int, reps: int, seconds: float, settings: list[str]) -> dict:
     """Whole epochs of the best fixed setting (from one pilot run each) against "auto", at
     ``ms`` per sample; every run must end (see the module docstring)."""
     common = ["--child", "--latency-ms", ms, "--seconds", seconds]
     pilot = {
         s: in_fresh_process(MODULE, *common, "--setting", s)["steady"]
-        for s in SETTINGS
+        for s in settings
         if s != "auto"
     }
     best = max(pilot, key=lambda s: pilot[s])
-    items = int(pilot[best] * seconds) // BATCH * BATCH
-    runs: dict[str, list[float | None]] = {best: [], "auto": []}
-    for _ in range(reps):
-        for setting in runs:
-            try:
-                rate = in_fresh_process(
-                    MODULE, *common, "--setting", setting, "--items", items,
-                    timeout_s=20 * seconds + 30,
-                )["rate"]  # fmt: skip
-            except subprocess.TimeoutExpired:
-                rate = None
-            runs[setting].append(rate)
+    items = max(BATCH, int(pilot[best] * seconds) // BATCH * BATCH)
+
+    def whole(setting: str) -> float | None:
+        """One whole epoch's samples/s, or None if it did not end in 20 times its budget."""
+        args = ["--setting", setting, "--items", items]
+        try:
+            return in_fresh_process(MODULE, *common, *args, timeout_s=20 * seconds + 30)["rate"]
+        except subprocess.TimeoutExpired:
+            return None
+
+    runs = side_by_side.rounds([best, "auto"], reps, whole)
     result: dict[str, Any] = {"best_fixed": best, "items": items, "pilot": pilot}
     print(f"\n{ms} ms per sample: whole epochs of {items:,} samples, samples/s over {reps} runs")
     for setting, rates_ in runs.items():
         ended = [r for r in rates_ if r is not None]
+        median = side_by_side.medians({setting: [{"rate": r} for r in ended]}, ["rate"])[setting]
         result[setting] = {
-            "median": statistics.median(ended) if ended else None,
+            "median": median.get("rate"),
             "low": min(ended, default=None),
             "high": max(ended, default=None),
             "ended": len(ended),
@@ -221,7 +213,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
-    summaries.add_save_argument(parser, "autotune")
+    side_by_side.add_save_argument(parser, "autotune")
+    parser.add_argument("--toy", action="store_true", help="64 against auto, 0.5 s, 50 ms")
     parser.add_argument(
         "--latencies", type=int, nargs="+", default=[*LATENCIES_MS, 50], metavar="MS"
     )
@@ -238,18 +231,21 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    settings = SETTINGS
+    if args.toy:
+        args.reps, args.seconds, args.latencies, settings = 1, 0.5, [50], ["64", "auto"]
     if args.epochs:
-        found = {ms: epochs(ms, args.reps, args.seconds) for ms in args.latencies}
+        found = {ms: epochs(ms, args.reps, args.seconds, settings) for ms in args.latencies}
         if args.save:
-            summaries.save(args.save, found)
+            side_by_side.save(args.save, found)
         return
     summary: dict = {"sweep": {}, "shift": {}}
     for ms in args.latencies:
-        summary["sweep"][ms] = sweep(ms, args.reps, args.seconds)
+        summary["sweep"][ms] = sweep(ms, args.reps, args.seconds, settings)
     if not args.no_shift and 50 in summary["sweep"]:
         summary["shift"] = shift(args.seconds, summary["sweep"][50])
     if args.save:
-        summaries.save(args.save, summary)
+        side_by_side.save(args.save, summary)
 
 
 if __name__ == "__main__":

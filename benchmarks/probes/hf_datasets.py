@@ -22,19 +22,20 @@ batch (steady), CPU ms per 1000 rows of the whole process tree, and the per-roun
 DataLoader with the same ``num_workers``, plain and by columns.
 
 ``python -m benchmarks.probes.hf_datasets [--reps 3] [--rows 100000] [--dim 16]
-[--step-ms 0] [--only CASE...] [--save [SECTION]]``
+[--step-ms 0] [--only CASE...] [--save [SECTION]] [--toy]``; ``--toy``: one round of 2,048
+rows, to check that it still runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from typing import Any
 
-from benchmarks import side_by_side, summaries
+from benchmarks import side_by_side
 
+MODULE = "benchmarks.probes.hf_datasets"
 BATCH = 256
 #: case -> (loader, num_workers, extra AsyncLoader options)
 CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
@@ -140,19 +141,13 @@ def one(case: str, rows: int, dim: int, step_ms: float = 0.0) -> dict[str, Any]:
 ANCHORS = ("DataLoader, {} workers", "DataLoader by columns, {} workers")
 
 
-def paired_ratios(
-    runs: dict[str, list[dict]], anchor: str = ANCHORS[0]
-) -> dict[str, tuple[float, float, float]]:
-    """Each case's rows/s over the ``anchor`` case's with the same ``num_workers`` in the same
-    round (the two ran back to back): (lowest, median, highest) over the rounds."""
-    out = {}
-    for name, rs in runs.items():
-        base_name = anchor.format(CASES[name][1])
-        base = runs.get(base_name)
-        if not base or name == base_name:
-            continue
-        ratios = [r["items_per_s"] / b["items_per_s"] for r, b in zip(rs, base, strict=False)]
-        out[name] = (min(ratios), statistics.median(ratios), max(ratios))
+def paired_ratios(runs: dict[str, list[dict]], anchor: str) -> dict[str, tuple]:
+    """Each case's per-round rows/s over the ``anchor`` case's with the same ``num_workers``
+    (:func:`benchmarks.side_by_side.paired` within each worker count)."""
+    out: dict[str, tuple] = {}
+    for workers in {CASES[name][1] for name in runs}:
+        group = {name: rs for name, rs in runs.items() if CASES[name][1] == workers}
+        out |= side_by_side.paired(group, anchor.format(workers))
     return out
 
 
@@ -167,26 +162,23 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--step-ms", type=float, default=0.0)
     parser.add_argument("--only", nargs="+", choices=sorted(CASES), help="run these cases only")
-    summaries.add_save_argument(parser, "hf_datasets")
+    side_by_side.add_save_argument(parser, "hf_datasets")
+    parser.add_argument("--toy", action="store_true", help="one round of 2,048 rows")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.toy:
+        args.reps, args.rows = 1, 2048
     if args.one:
         print(json.dumps(one(args.one, args.rows, args.dim, args.step_ms)))
         return
-    cases = args.only or list(CASES)
-    runs: dict[str, list[dict]] = {name: [] for name in cases}
-    for rep in range(args.reps):
-        for name in cases if rep % 2 == 0 else reversed(cases):
-            runs[name].append(
-                side_by_side.in_fresh_process(
-                    "benchmarks.probes.hf_datasets", "--one", name, "--rows", args.rows,
-                    "--dim", args.dim, "--step-ms", args.step_ms,
-                )
-            )  # fmt: skip
-    medians = {
-        name: {key: statistics.median(r[key] for r in rs) for key in KEYS}
-        for name, rs in runs.items()
-    }
+    sizes = ("--rows", args.rows, "--dim", args.dim, "--step-ms", args.step_ms)
+    runs = side_by_side.rounds(
+        args.only or list(CASES),
+        args.reps,
+        lambda name: side_by_side.in_fresh_process(MODULE, "--one", name, *sizes),
+        snake=True,
+    )
+    medians = side_by_side.medians(runs, KEYS)
     print(
         f"datasets.Dataset, {args.rows} rows (int64 label, float32 x{args.dim}), torch format, "
         f"batch {BATCH}, shuffle, a {args.step_ms:g} ms step per batch; {args.reps} fresh "
@@ -207,7 +199,7 @@ def main() -> None:
             f"{rounds[0]:>20s} {rounds[1]:>25s}"
         )
     if args.save:
-        summaries.save(
+        side_by_side.save(
             args.save,
             {"rows": args.rows, "dim": args.dim, "batch": BATCH, "step_ms": args.step_ms,
              "reps": args.reps, "medians": medians, "paired": paired[ANCHORS[0]],

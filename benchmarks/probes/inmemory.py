@@ -44,7 +44,9 @@ the next round); the table shows medians over ``--reps`` rounds, and AsyncLoader
 DataLoader's medians.
 
 ``python -m benchmarks.probes.inmemory [--reps 3] [--batches 50] [--epochs 2]
-[--only array|dicts] [--no-variant] [--save [SECTION]]``; results in docs/benchmarks.md.
+[--only array|dicts] [--no-variant] [--save [SECTION]] [--toy]``; results in
+docs/benchmarks.md. ``--toy``: one round of 4 batches on a 16 MiB array and 10,000 dicts,
+each cell run once (sampled), to check that it still runs.
 """
 
 from __future__ import annotations
@@ -64,14 +66,15 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks import summaries
-from benchmarks.side_by_side import in_fresh_process, in_fresh_process_sampled
+from benchmarks import side_by_side
 
 BATCH = 256
 WORKERS = 2
 ROW = 4096  # bytes per array item
 ROWS = 2**30 // ROW  # 1 GiB
 DICTS = 1_000_000
+TOY_ROWS, TOY_DICTS = 2**24 // ROW, 10_000  # --toy: 16 MiB
+MODULE = "benchmarks.probes.inmemory"
 DATASETS = ("array", "dicts")
 REFERENCE = "DataLoader"
 LOADERS = ("DataLoader", "AsyncLoader")
@@ -96,28 +99,29 @@ clock = time.perf_counter
 
 
 class ArrayDataset(Dataset):
-    """One 1 GiB uint8 array; item i is row i (4 KiB), whose first 8 bytes hold i."""
+    """One uint8 array of ``rows`` rows (1 GiB); item i is row i (4 KiB), whose first 8 bytes
+    hold i."""
 
-    def __init__(self) -> None:
-        self.data = np.empty((ROWS, ROW), dtype=np.uint8)
+    def __init__(self, rows: int = ROWS) -> None:
+        self.data = np.empty((rows, ROW), dtype=np.uint8)
         self.data[:] = np.arange(ROW, dtype=np.uint64).astype(np.uint8)  # every page
-        self.data[:, :8] = np.arange(ROWS, dtype="<u8")[:, None].view(np.uint8)
+        self.data[:, :8] = np.arange(rows, dtype="<u8")[:, None].view(np.uint8)
 
     def __len__(self) -> int:
-        return ROWS
+        return len(self.data)
 
     def __getitem__(self, i: int) -> Any:
         return self.data[i]
 
 
 class DictsDataset(Dataset):
-    """A list of 1M small dicts; item i is (id, label)."""
+    """A list of ``n`` (1M) small dicts; item i is (id, label)."""
 
-    def __init__(self) -> None:
-        self.rows = [{"id": i, "label": i % 10, "text": f"sample {i}"} for i in range(DICTS)]
+    def __init__(self, n: int = DICTS) -> None:
+        self.rows = [{"id": i, "label": i % 10, "text": f"sample {i}"} for i in range(n)]
 
     def __len__(self) -> int:
-        return DICTS
+        return len(self.rows)
 
     def __getitem__(self, i: int) -> Any:
         row = self.rows[i]
@@ -152,13 +156,16 @@ def _tree_pss() -> tuple[int, list[str]]:
     return total, names
 
 
-def _one(kind: str, loader_name: str, batches: int, epochs: int = 2) -> dict:
+def _one(kind: str, loader_name: str, batches: int, epochs: int = 2, toy: bool = False) -> dict:
     """One run in this fresh process: build, ``epochs`` epochs, their timings and memory."""
     from asyncloader import AsyncLoader
 
     gc.collect()
     t = clock()
-    dataset = ArrayDataset() if kind == "array" else DictsDataset()
+    if kind == "array":
+        dataset: Dataset = ArrayDataset(TOY_ROWS if toy else ROWS)
+    else:
+        dataset = DictsDataset(TOY_DICTS if toy else DICTS)
     build_s = clock() - t
     gc.collect()
     options: dict[str, Any] = {
@@ -217,12 +224,19 @@ def _one(kind: str, loader_name: str, batches: int, epochs: int = 2) -> dict:
     return result
 
 
-def run_timed_then_sampled(kind: str, loader: str, batches: int, epochs: int = 2) -> dict:
-    """Two fresh-process runs: the times from one left alone, the peak memory from one whose
-    PSS is sampled from here (reading a process's smaps takes its memory map's lock, which
-    its ``fork()`` and page faults then wait for)."""
-    timed = run_sampled(kind, loader, batches, epochs, sample=False)
-    sampled = run_sampled(kind, loader, batches, epochs)
+def run_timed_then_sampled(cell: str, batches: int, epochs: int, toy: bool) -> dict:
+    """Two fresh-process runs of ``cell`` ("dataset/loader"): the times from one left alone,
+        the peak memory from one whose PSS is sampled from here (reading a process's smaps takes
+        its memory map's lock, which its ``fork()`` and page faults then wait for). ``toy``: the
+    sampled run alone."""
+    args = ("--one", *cell.split("/"), "--batches", batches, "--epochs", epochs)
+    args += ("--toy",) if toy else ()
+    sampled = side_by_side.in_fresh_process_sampled(
+        MODULE, *args, every_s=SAMPLE_EVERY_S, timeout_s=RUN_TIMEOUT_S
+    )
+    timed = (
+        sampled if toy else side_by_side.in_fresh_process(MODULE, *args, timeout_s=RUN_TIMEOUT_S)
+    )
     memory = {key: sampled[key] for key in sampled if "pss" in key or key.startswith("process")}
     return {
         **timed,
@@ -232,43 +246,37 @@ def run_timed_then_sampled(kind: str, loader: str, batches: int, epochs: int = 2
     }
 
 
-def run_sampled(kind: str, loader: str, batches: int, epochs: int = 2, sample: bool = True) -> dict:
-    """One fresh-process run, with its tree's peak summed PSS sampled from here (with
-    ``sample``; else ``peak_*`` are 0)."""
-    args = ("--one", kind, loader, "--batches", batches, "--epochs", epochs)
-    if sample:
-        return in_fresh_process_sampled(
-            "benchmarks.probes.inmemory", *args, every_s=SAMPLE_EVERY_S, timeout_s=RUN_TIMEOUT_S
-        )
-    result = in_fresh_process("benchmarks.probes.inmemory", *args, timeout_s=RUN_TIMEOUT_S)
-    result.update(peak_pss_gb=0.0, peak_main_pss_gb=0.0, peak_children_pss_gb=0.0)
-    return result
-
-
-def cells(only: list[str] | None, variant: bool) -> list[tuple[str, str]]:
-    """(dataset, loader) in the order of a round."""
+def cells(only: list[str] | None, variant: bool) -> list[str]:
+    """ "dataset/loader" in the order of a round."""
     out = []
     for kind in only or DATASETS:
-        out += [(kind, loader) for loader in LOADERS]
+        out += [f"{kind}/{loader}" for loader in LOADERS]
         if variant and kind == "dicts":
-            out.append((kind, VARIANT))
+            out.append(f"{kind}/{VARIANT}")
     return out
 
 
-def medians(runs: dict[tuple[str, str], list[dict]]) -> dict[tuple[str, str], dict[str, float]]:
-    return {
-        cell: {key: statistics.median(r[key] for r in rs) for key in KEYS}
-        for cell, rs in runs.items()
-    }
+def paired(runs: dict[str, list[dict]], epochs: int) -> dict[str, dict[str, tuple]]:
+    """Per round, each loader's first-batch times over DataLoader's of the same round (run
+    just before or after it): ``{"dataset/loader": {key: (lowest, median, highest)}}``."""
+    keys = ["ttfb1_s", "ttfb2_s"] + (["ttfb_later_s"] if epochs > 2 else [])
+    out: dict[str, dict[str, tuple]] = {}
+    for kind in DATASETS:
+        group = {cell: rs for cell, rs in runs.items() if cell.startswith(kind + "/")}
+        for key in keys:
+            for cell, spread in side_by_side.paired(group, f"{kind}/{REFERENCE}", key).items():
+                out.setdefault(cell, {})[key] = spread
+    return out
 
 
-def _ratio(med: dict, kind: str, loader: str, key: str) -> float | None:
-    ref = med.get((kind, REFERENCE))
-    return med[kind, loader][key] / ref[key] if ref else None
+def x_dl(med: dict[str, dict[str, float]], cell: str, key: str) -> float | None:
+    """``cell``'s median of ``key`` over DataLoader's on the same dataset."""
+    ref = med.get(cell.split("/")[0] + "/" + REFERENCE)
+    return med[cell][key] / ref[key] if ref and key in med[cell] else None
 
 
-def table(runs: dict[tuple[str, str], list[dict]], reps: int, batches: int, epochs: int) -> str:
-    med = medians(runs)
+def table(runs: dict[str, list[dict]], reps: int, batches: int, epochs: int) -> str:
+    med = side_by_side.medians(runs, KEYS)
     later = epochs > 2
     lines = [
         f"{batches} batches of {BATCH} per epoch, {epochs} epochs, 2 workers, shuffle, "
@@ -281,50 +289,40 @@ def table(runs: dict[tuple[str, str], list[dict]], reps: int, batches: int, epoc
         "|---|---|" + "---:|" * (10 if later else 8),
     ]
 
-    def cell(kind: str, loader: str, key: str, digits: int) -> str:
-        r = _ratio(med, kind, loader, key)
-        return f"| {med[kind, loader][key]:.{digits}f} | {'-' if r is None else f'{r:.2f}'} "
+    def cell(name: str, key: str, digits: int) -> str:
+        r = x_dl(med, name, key)
+        return f"| {med[name][key]:.{digits}f} | {'-' if r is None else f'{r:.2f}'} "
 
-    for (kind, loader), m in med.items():
-        procs = sorted({r["processes"] for r in runs[kind, loader]})
+    for name, m in med.items():
+        procs = sorted({r["processes"] for r in runs[name]})
         lines.append(
-            f"| {kind} | {loader} "
-            + cell(kind, loader, "ttfb1_s", 3)
-            + cell(kind, loader, "ttfb2_s", 3)
-            + (cell(kind, loader, "ttfb_later_s", 3) if later else "")
-            + cell(kind, loader, "peak_pss_gb", 2)
+            f"| {name.replace('/', ' | ', 1)} "
+            + cell(name, "ttfb1_s", 3)
+            + cell(name, "ttfb2_s", 3)
+            + (cell(name, "ttfb_later_s", 3) if later else "")
+            + cell(name, "peak_pss_gb", 2)
             + f"| {m['end_pss_gb']:.2f} | {'/'.join(map(str, procs))} |"
         )
-    return "\n".join(lines)
-
-
-def paired(runs: dict[tuple[str, str], list[dict]], epochs: int) -> dict[str, dict[str, list]]:
-    """Per round, each loader's first-batch times over DataLoader's of the same round (run
-    just before or after it): ``{"dataset/loader": {key: [lowest, median, highest]}}``."""
-    keys = ["ttfb1_s", "ttfb2_s"] + (["ttfb_later_s"] if epochs > 2 else [])
-    out: dict[str, dict[str, list]] = {}
-    for (kind, loader), rs in runs.items():
-        ref = runs.get((kind, REFERENCE))
-        if loader == REFERENCE or not ref:
-            continue
-        out[f"{kind}/{loader}"] = {
-            key: [
-                f(r[key] / b[key] for r, b in zip(rs, ref, strict=False))
-                for f in (min, statistics.median, max)
-            ]
-            for key in keys
-        }
-    return out
-
-
-def paired_text(ratios: dict[str, dict[str, list]]) -> str:
-    lines = ["", "Per round (x DL of the same round; median, lowest-highest):"]
-    for name, by_key in ratios.items():
+    lines += ["", "Per round (x DL of the same round; median, lowest-highest):"]
+    for name, by_key in paired(runs, epochs).items():
         cells = ", ".join(
             f"{key[:-2]} {m:.2f} ({lo:.2f}-{hi:.2f})" for key, (lo, m, hi) in by_key.items()
         )
         lines.append(f"  {name}: {cells}")
     return "\n".join(lines)
+
+
+def report(cell: str, r: dict, epochs: int) -> None:
+    """One run's figures, on stderr as the runs go."""
+    print(
+        f"{cell}: first batch {r['ttfb1_s']:.3f} / {r['ttfb2_s']:.3f} s (iter() "
+        f"{r['iter1_s']:.3f} / {r['iter2_s']:.3f}), peak PSS {r['peak_pss_gb']:.2f} GB (main "
+        f"{r['peak_main_pss_gb']:.2f}, children {r['peak_children_pss_gb']:.2f}), end "
+        f"{r['end_pss_gb']:.2f} GB, processes {r['processes1']}/{r['processes']}"
+        + (f", later epochs {r['ttfb_later_s']:.3f} s" if epochs > 2 else ""),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -342,7 +340,8 @@ def main() -> None:
     )
     parser.add_argument("--only", nargs="+", choices=DATASETS)
     parser.add_argument("--no-variant", action="store_true", help=f"leave out {VARIANT} (dicts)")
-    summaries.add_save_argument(parser, "inmemory")
+    side_by_side.add_save_argument(parser, "inmemory")
+    parser.add_argument("--toy", action="store_true", help="one round, 4 batches, tiny datasets")
     parser.add_argument("--one", nargs=2, metavar=("DATASET", "LOADER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.epochs < 2:
@@ -350,35 +349,29 @@ def main() -> None:
     if args.one:  # run from the module by its name, so that workers can import what it pickles
         from benchmarks.probes import inmemory
 
-        print(json.dumps(inmemory._one(args.one[0], args.one[1], args.batches, args.epochs)))
+        one = inmemory._one(*args.one, args.batches, args.epochs, args.toy)
+        print(json.dumps(one))
         return
-    chosen = cells(args.only, not args.no_variant)
-    runs: dict[tuple[str, str], list[dict]] = {cell: [] for cell in chosen}
+    if args.toy:
+        args.reps, args.batches = 1, 4
+
+    def one_run(cell: str) -> dict:
+        result = run_timed_then_sampled(cell, args.batches, args.epochs, args.toy)
+        report(cell, result, args.epochs)
+        return result
+
     load_before = os.getloadavg()
-    for rep in range(args.reps):
-        for kind, loader in chosen:
-            r = run_timed_then_sampled(kind, loader, args.batches, args.epochs)
-            runs[kind, loader].append(r)
-            print(
-                f"round {rep + 1}, {kind}, {loader}: first batch {r['ttfb1_s']:.3f} / "
-                f"{r['ttfb2_s']:.3f} s (iter() {r['iter1_s']:.3f} / {r['iter2_s']:.3f}), "
-                f"peak PSS {r['peak_pss_gb']:.2f} GB (main "
-                f"{r['peak_main_pss_gb']:.2f}, children {r['peak_children_pss_gb']:.2f}), "
-                f"end {r['end_pss_gb']:.2f} GB, processes {r['processes1']}/{r['processes']}"
-                + (f", later epochs {r['ttfb_later_s']:.3f} s" if args.epochs > 2 else ""),
-                file=sys.stderr,
-                flush=True,
-            )
+    runs = side_by_side.rounds(cells(args.only, not args.no_variant), args.reps, one_run)
     text = table(runs, args.reps, args.batches, args.epochs)
-    rounds = paired(runs, args.epochs)
-    print(text + paired_text(rounds))
+    print(text)
     load_after = os.getloadavg()
     print("\nload average before:", *(f"{x:.2f}" for x in load_before))
     print("load average after: ", *(f"{x:.2f}" for x in load_after))
     if args.save:
-        med = medians(runs)
+        med = side_by_side.medians(runs, KEYS)
+        keys = ("ttfb1_s", "ttfb2_s", "ttfb_later_s", "peak_pss_gb")
         summary = {
-            "paired": rounds,
+            "paired": paired(runs, args.epochs),
             "config": {
                 "batch": BATCH,
                 "batches_per_epoch": args.batches,
@@ -391,19 +384,16 @@ def main() -> None:
                 "load1_before_after": [load_before[0], load_after[0]],
             },
             "medians": {
-                f"{kind}/{loader}": {
+                cell: {
                     **m,
-                    **{
-                        f"{key}_x_dl": _ratio(med, kind, loader, key)
-                        for key in ("ttfb1_s", "ttfb2_s", "ttfb_later_s", "peak_pss_gb")
-                    },
-                    "processes": sorted({r["processes"] for r in runs[kind, loader]}),
+                    **{f"{key}_x_dl": x_dl(med, cell, key) for key in keys},
+                    "processes": sorted({r["processes"] for r in runs[cell]}),
                 }
-                for (kind, loader), m in med.items()
+                for cell, m in med.items()
             },
             "table": text,
         }
-        summaries.save(args.save, summary)
+        side_by_side.save(args.save, summary)
 
 
 if __name__ == "__main__":

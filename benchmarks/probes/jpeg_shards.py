@@ -50,8 +50,9 @@ clock starts just before the loader is built and stops at its last batch; CPU is
 whole process tree.
 
 ``python -m benchmarks.probes.jpeg_shards [--reps 3] [--images 4000] [--only NAME ...]
-[--save [SECTION]] [--plot PATH]``; ``--replot [SECTION] [--plot PATH]`` prints the table of
-a saved summary again and plots it (matplotlib, from the ``bench`` extra).
+[--save [SECTION]] [--plot PATH] [--toy]``; ``--replot [SECTION] [--plot PATH]`` prints the
+table of a saved summary again and plots it (matplotlib, from the ``bench`` extra). ``--toy``:
+one round of 200 images (2 shards), to check that every pipeline still runs.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ import os
 import platform
 import random
 import resource
-import statistics
 import sys
 import tarfile
 import time
@@ -79,9 +79,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import summaries
+from benchmarks import side_by_side
 
 ROOT = Path(__file__).resolve().parents[2]
+MODULE = "benchmarks.probes.jpeg_shards"
 SECTION = "jpeg_shards"  # of benchmarks/results/summary.json's probes
 SIZE = 224
 BATCH = 64
@@ -593,13 +594,11 @@ def run_alone(images: int) -> dict[str, Any]:
 
 def in_fresh_process(*args: object) -> dict[str, Any]:
     """``python -m benchmarks.probes.jpeg_shards args...`` in a fresh process, its tree's RSS
-    sampled from here every 20 ms (as :func:`benchmarks.bench.run_case`); its JSON result,
-    with ``peak_rss_mb`` (shared memory counted in every process that maps it)."""
-    from benchmarks.bench import run_sampled
-
-    cmd = [sys.executable, "-m", "benchmarks.probes.jpeg_shards", *map(str, args)]
-    result, peak_mb = run_sampled(cmd, args, RUN_TIMEOUT_S, SAMPLE_EVERY_S, ROOT)
-    return {**result, "peak_rss_mb": peak_mb}
+    sampled from here every 20 ms (as :mod:`benchmarks.bench` samples its runs); its JSON
+    result, with ``peak_rss_mb`` (shared memory counted in every process that maps it)."""
+    return side_by_side.in_fresh_process_sampled(
+        MODULE, *args, every_s=SAMPLE_EVERY_S, timeout_s=RUN_TIMEOUT_S, rss=True
+    )
 
 
 KEYS = (
@@ -612,82 +611,69 @@ KEYS = (
 )
 
 
-def _paired(rs: list[dict], others: list[dict], key: str = "images_per_s") -> float:
-    """The median over rounds of ``key``'s ratio to the same round's other pipeline."""
-    return statistics.median(a[key] / b[key] for a, b in zip(rs, others, strict=False))
-
-
 def _ratios(name: str, runs: dict[str, list[dict]]) -> dict[str, Any]:
-    """Pipeline ``name``'s paired ratios: to its baseline (images/s, first batch), and to
-    the DataLoader-batched reference and DALI's pipeline where they ran."""
-    rs, base, out = runs[name], BASELINES.get(name, REFERENCE), {}
+    """Pipeline ``name``'s paired ratios (the median over rounds of its ratio to the same
+    round's other pipeline): to its baseline (images/s, first batch), and to the
+    DataLoader-batched reference and DALI's pipeline where they ran."""
+    base, out = BASELINES.get(name, REFERENCE), {}
+
+    def to(other: str, key: str = "images_per_s") -> float:
+        return side_by_side.paired({name: runs[name], other: runs[other]}, other, key)[name][1]
+
     if base in runs and name != base:
-        out["baseline"] = base
-        out["ratio"] = _paired(rs, runs[base])
-        out["ttfb_ratio"] = _paired(rs, runs[base], "ttfb_s")
+        out |= {"baseline": base, "ratio": to(base), "ttfb_ratio": to(base, "ttfb_s")}
     for other, key in ((ALT_REFERENCE, "ratio_to_alt"), (DALI, "ratio_to_dali")):
         if other in runs and name not in (other, REFERENCE) and base == REFERENCE:
-            out[key] = _paired(rs, runs[other])
+            out[key] = to(other)
     return out
 
 
 def summarise(runs: dict[str, list[dict]], alone: list[dict]) -> dict[str, Any]:
     """Medians per pipeline, paired ratios (per round, then the median), the targets."""
-    medians: dict[str, dict[str, Any]] = {}
+    medians: dict[str, dict[str, Any]] = side_by_side.medians(runs, KEYS)
     for name, rs in runs.items():
-        m = {key: statistics.median(r[key] for r in rs) for key in KEYS}
-        m["images_per_s_min"] = min(r["images_per_s"] for r in rs)
-        m["images_per_s_max"] = max(r["images_per_s"] for r in rs)
-        m |= _ratios(name, runs)
-        m["runs"] = len(rs)
-        medians[name] = m
-    for case in ALONE_CASES:
-        if alone:
-            medians[case] = {
-                key: statistics.median(a["cases"][case][key] for a in alone)
-                for key in ("images_per_s", "cpu_ms_per_image")
-            } | {"runs": len(alone)}
+        medians[name]["images_per_s_min"] = min(r["images_per_s"] for r in rs)
+        medians[name]["images_per_s_max"] = max(r["images_per_s"] for r in rs)
+        medians[name] |= _ratios(name, runs) | {"runs": len(rs)}
+    if alone:
+        cases = {case: [a["cases"][case] for a in alone] for case in ALONE_CASES}
+        for case, m in side_by_side.medians(cases, ("images_per_s", "cpu_ms_per_image")).items():
+            medians[case] = m | {"runs": len(alone)}
     return {"medians": medians, "targets": targets(medians)}
+
+
+#: The issue's targets on ratios: (pipeline, its ratio's key, what, at least / at most, goal).
+RATIO_TARGETS = (
+    ("ours/2", "ratio", f"ours/2 vs {REFERENCE}, images/s", ">=", 2.0),
+    ("ours/2", "ratio_to_alt", f"ours/2 vs {ALT_REFERENCE}, images/s", ">=", 2.0),
+    ("ours/2", "ratio_to_dali", f"ours/2 vs {DALI}, images/s", ">=", 1.0),
+    ("ours/2 uint8+draft", "ratio", f"ours/2 uint8+draft vs {REFERENCE}, images/s", ">=", 1.5),
+    ("ours/2", "ttfb_ratio", f"ours/2 first batch / {REFERENCE}'s", "<=", 1.0),
+    ("wds-object/2", "ratio", f"wds-object/2 vs {REFERENCE}, images/s", ">=", 1.0),
+)
+#: The targets on CPU per image: (pipeline, what it is compared with); at most +15%.
+CPU_TARGETS = (
+    ("ours/2", "alone: ImageBatch"),
+    ("ours/2 uint8+draft", "alone: ImageBatch uint8+draft"),
+    ("ours/2", "alone: reference_transform"),
+)
 
 
 def targets(m: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's targets, each with what was measured and whether it was met."""
     out: list[dict[str, Any]] = []
-
-    def add(what: str, value: float, goal: str, met: bool) -> None:
-        out.append({"target": what, "measured": value, "goal": goal, "met": bool(met)})
-
-    if "ratio" in m.get("ours/2", {}):
-        r = m["ours/2"]["ratio"]
-        add("ours/2 vs wds+DataLoader/2, images/s", r, ">= 2.0x", r >= 2.0)
-    if "ratio_to_alt" in m.get("ours/2", {}):
-        r = m["ours/2"]["ratio_to_alt"]
-        add(f"ours/2 vs {ALT_REFERENCE}, images/s", r, ">= 2.0x", r >= 2.0)
-    if "ratio_to_dali" in m.get("ours/2", {}):
-        r = m["ours/2"]["ratio_to_dali"]
-        add(f"ours/2 vs {DALI}, images/s", r, ">= 1.0x", r >= 1.0)
-    if "ratio" in m.get("ours/2 uint8+draft", {}):
-        r = m["ours/2 uint8+draft"]["ratio"]
-        add("ours/2 uint8+draft vs wds+DataLoader/2, images/s", r, ">= 1.5x", r >= 1.5)
-    for name, alone in (
-        ("ours/2", "alone: ImageBatch"),
-        ("ours/2 uint8+draft", "alone: ImageBatch uint8+draft"),
-    ):
+    for name, key, what, op, goal in RATIO_TARGETS:
+        if key in m.get(name, {}):
+            r = m[name][key]
+            met = r >= goal if op == ">=" else r <= goal
+            out.append({"target": what, "measured": r, "goal": f"{op} {goal}x", "met": met})
+    for name, alone in CPU_TARGETS:
         if name in m and alone in m:
             excess = m[name]["cpu_ms_per_image"] / m[alone]["cpu_ms_per_image"] - 1
-            add(f"{name} CPU/image over {alone}", excess, "<= +15%", excess <= 0.15)
-    if "ours/2" in m and "alone: reference_transform" in m:
-        excess = (
-            m["ours/2"]["cpu_ms_per_image"] / m["alone: reference_transform"]["cpu_ms_per_image"]
-            - 1
-        )
-        add("ours/2 CPU/image over alone: reference_transform", excess, "<= +15%", excess <= 0.15)
-    if "ttfb_ratio" in m.get("ours/2", {}):
-        r = m["ours/2"]["ttfb_ratio"]
-        add("ours/2 first batch / wds+DataLoader/2's", r, "<= 1.0x", r <= 1.0)
-    if "ratio" in m.get("wds-object/2", {}):
-        r = m["wds-object/2"]["ratio"]
-        add("wds-object/2 vs wds+DataLoader/2, images/s", r, ">= 1.0x", r >= 1.0)
+            what = f"{name} CPU/image over {alone}"
+            out.append(
+                {"target": what, "measured": excess, "goal": "<= +15%", "met": excess <= 0.15}
+            )
     return out
 
 
@@ -823,7 +809,7 @@ def main() -> None:
         metavar="NAME",
         help=f"run only these: {', '.join(map(repr, [*PIPELINES, ALONE]))}",
     )
-    summaries.add_save_argument(parser, SECTION)
+    side_by_side.add_save_argument(parser, SECTION)
     parser.add_argument("--plot", help="also plot it here (PNG)")
     parser.add_argument(
         "--replot",
@@ -832,11 +818,12 @@ def main() -> None:
         metavar="SECTION",
         help=f"only print and plot (to --plot) a saved summary (default: {SECTION})",
     )
+    parser.add_argument("--toy", action="store_true", help="one round of 200 images")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.replot:
-        saved = summaries.probes()[args.replot]
+        saved = side_by_side.saved()[args.replot]
         summary = {"medians": saved["medians"], "targets": targets(saved["medians"])}
         args.images, args.reps = saved["workload"]["images"], saved["reps"]
         print(table(summary, args))
@@ -858,29 +845,26 @@ def main() -> None:
     from examples.image_data import cached_shards
     from examples.latency_server import LatencyServer
 
-    chosen = args.only or [*PIPELINES, ALONE]
+    if args.toy:
+        args.reps, args.images = 1, 2 * PER_SHARD
     bodies = [p.read_bytes() for p in cached_shards(args.images, PER_SHARD, seed=0)]
-    runs: dict[str, list[dict]] = {name: [] for name in chosen if name != ALONE}
-    alone: list[dict] = []
     load_before = os.getloadavg()
+
+    def one(name: str) -> dict[str, Any]:
+        if name == ALONE:
+            return in_fresh_process("--one", ALONE, "--images", args.images)
+        r = in_fresh_process("--one", name, "--port", server.port, "--images", args.images)
+        print(
+            f"  {name:22s} {r['images_per_s']:6.0f} images/s, first {r['ttfb_s']:.2f} s, "
+            f"{r['cpu_ms_per_image']:.2f} CPU ms/image",
+            file=sys.stderr,
+            flush=True,
+        )
+        return r
+
     with LatencyServer(bodies, latency=LATENCY_S) as server:
-        for rep in range(args.reps):
-            for name in chosen:
-                if name == ALONE:
-                    alone.append(in_fresh_process("--one", ALONE, "--images", args.images))
-                    continue
-                result = in_fresh_process(
-                    "--one", name, "--port", server.port, "--images", args.images
-                )
-                result["rep"] = rep
-                runs[name].append(result)
-                print(
-                    f"  round {rep + 1}: {name:22s} {result['images_per_s']:6.0f} images/s, "
-                    f"first {result['ttfb_s']:.2f} s, {result['cpu_ms_per_image']:.2f} CPU "
-                    "ms/image",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        runs = side_by_side.rounds(args.only or [*PIPELINES, ALONE], args.reps, one)
+    alone = runs.pop(ALONE, [])
     summary = summarise(runs, alone)
     print(table(summary, args))
     print(
@@ -916,7 +900,7 @@ def main() -> None:
             "load_before": load_before,
             "load_after": os.getloadavg(),
         }
-        summaries.save(args.save, {**meta, **summary})
+        side_by_side.save(args.save, {**meta, **summary})
     if args.plot:
         plot(summary, args.plot)
 
