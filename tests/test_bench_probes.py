@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PROBES = ROOT / "benchmarks" / "probes"
 #: Not a probe: the dataset of a retired one, which tests/hygiene_scripts imports.
-NOT_PROBES = {"__init__", "exit_time"}
+NOT_PROBES = {"__init__"}
 #: Each probe's toy runs (arguments after ``python -m benchmarks.probes.NAME``), the modules
 #: they need beyond the dev extra, and what their output must contain.
 TOY: dict[str, list[tuple[list[str], list[str], str]]] = {

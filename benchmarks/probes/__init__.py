@@ -9,6 +9,4 @@ toy size. No probe imports another. docs/benchmarks.md lists them, and the retir
 - ``inmemory``: a 1 GiB array and 1M dicts held by the dataset, forked workers, against
   DataLoader: first batch of epochs 1 and 2, peak PSS of the process tree.
 - ``jpeg_shards``: JPEG tar shards over HTTP, webdataset + DataLoader against asyncloader.
-
-``exit_time`` holds only the dataset of a retired probe, which a hygiene test script imports.
 """

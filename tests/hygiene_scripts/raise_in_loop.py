@@ -9,9 +9,22 @@ had not exited, and is killed). The process that raises prints "raising" first.
 
 import multiprocessing
 import sys
+import time
+
+import torch
 
 from asyncloader import AsyncLoader
-from benchmarks.probes.exit_time import Slow  # the probe measures this same script's case
+
+
+class Slow(torch.utils.data.Dataset):
+    """A million samples of 10 ms each: the epoch is far from over at the raise."""
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.01)
+        return index
 
 
 def train() -> None:
