@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from asyncloader._images import turbo
 from asyncloader._worker.allocator import empty_huge
 from asyncloader._worker.buffers import batch_tensor
-from asyncloader._worker.startup import shares_batches
+from asyncloader._worker.process_state import shares_batches
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

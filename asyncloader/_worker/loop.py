@@ -35,6 +35,7 @@ from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._worker.fetch import Fetcher, fetch_then_run
 from asyncloader._worker.getitems import BatchFetcher
 from asyncloader._worker.plan import BatchPlan, run_batch
+from asyncloader._worker.process_state import init_failure
 from asyncloader._worker.protocol import (
     LOST,
     STOP,
@@ -52,7 +53,7 @@ from asyncloader._worker.protocol import (
     answer_bytes,
     batch_of,
 )
-from asyncloader._worker.startup import init_failure, setup_worker
+from asyncloader._worker.startup import setup_worker
 
 
 class _Stream:

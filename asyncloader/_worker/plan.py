@@ -24,7 +24,7 @@ from asyncloader._worker.buffers import settle
 from asyncloader._worker.collate import worker_collate
 from asyncloader._worker.columns import ColumnReader, reads_columns
 from asyncloader._worker.getitems import getitems, getitems_skipping
-from asyncloader._worker.startup import init_failure, mark_running, shares_batches, worker_plan
+from asyncloader._worker.process_state import init_failure, mark_running, shares_batches
 from asyncloader._worker.transport import by_value, to_shared
 
 if TYPE_CHECKING:
@@ -87,6 +87,15 @@ class BatchPlan:
         }
 
 
+_plan: BatchPlan | None = None  # the plan this worker process was started with
+
+
+def keep_plan(plan: BatchPlan) -> None:
+    """This worker process runs every batch by ``plan`` (its start-up sends it once)."""
+    global _plan
+    _plan = plan
+
+
 def _by_columns(options: Options) -> bool:
     """Whole ``__getitems__`` batches, as they come, collated by ``default_collate``, of a
     dataset whose batch that is the same as its columns (:mod:`asyncloader._worker.columns`)."""
@@ -136,7 +145,7 @@ def run_batch(
     """
     if (failed := init_failure()) is not None:
         return failed
-    plan = plan if plan is not None else worker_plan()
+    plan = plan if plan is not None else _plan
     assert plan is not None, "run_batch without a plan outside an initialised worker"
     mark_running(seq)
     try:
