@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test compat-baseline lint bench bench-quick bench-probes clean
+.PHONY: demo test check compat-baseline lint bench bench-quick bench-probes clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,15 @@ demo: $(VENV)/.dev-installed
 
 test: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
+	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
 	$(PY) -m pytest -q
+
+# The tier for every edit: lint, format and the tests not marked slow (no fresh venv, no job of
+# several interpreters, no Ray, trainer, external store, soak or fuzz matrix; tests/conftest.py).
+check: $(VENV)/.dev-installed
+	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
+	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
+	$(PY) -m pytest -q -m "not slow"
 
 # PyTorch's and torchdata's own DataLoader tests (tests/compat) against DataLoader and
 # StatefulDataLoader themselves: which of them pass here at all (docs/compatibility.md).
