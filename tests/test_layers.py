@@ -120,6 +120,73 @@ def test_every_module_imports_only_its_own_layer_or_lower_ones():
     assert offenders() == []
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package, and the modules of the package it imports anywhere
+    (``TYPE_CHECKING`` and function-level imports included; ``from a.b import c`` counts as
+    ``a.b.c`` where that is a module, else as ``a.b``)."""
+    paths = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+    def resolve(name: str) -> str:
+        while name not in paths:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        found = imports_of(module, path.read_text(), path.name == "__init__.py")
+        named = {resolve(name) for _, name in found if name.startswith("asyncloader.")}
+        graph[module] = named - {module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected parts of two modules or more
+    (Tarjan's algorithm, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, edges = work[-1]
+            step = next((e for e in edges if e not in index or e in stack), None)
+            if step is not None and step not in index:
+                index[step] = low[step] = len(index)
+                stack.append(step)
+                work.append((step, iter(sorted(graph[step]))))
+                continue
+            if step is not None:
+                low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                part = stack[stack.index(node) :]
+                del stack[stack.index(node) :]
+                if len(part) > 1:
+                    found.append(sorted(part))
+    return found
+
+
+def test_no_module_is_part_of_an_import_circle():
+    """No circle of imports anywhere in the package, inside a layer too, TYPE_CHECKING
+    imports included: a circle means a definition sits in the wrong module."""
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_circles():
+    """A circle of three, a self-contained pair, and nothing in a chain."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
+    assert sorted(circles(graph)) == [["a", "b", "c"], ["d", "e"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
 def test_the_checker_names_an_offending_import():
     """The walk resolves relative and TYPE_CHECKING imports and names what breaks a rule."""
     source = (
