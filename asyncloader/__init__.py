@@ -5,10 +5,8 @@ Import everything from here::
     from asyncloader import AsyncLoader, get_worker_info
 """
 
-from asyncloader._base.shared_list import SharedList
-from asyncloader._base.worker_info import WorkerInfo, get_worker_info
-from asyncloader._tuning.report import Diagnosis
-from asyncloader._tuning.stats import LoaderStats
+from asyncloader._base import SharedList, WorkerInfo, get_worker_info
+from asyncloader._tuning import Diagnosis, LoaderStats
 from asyncloader.errors import (
     AsyncLoaderError,
     FetchError,

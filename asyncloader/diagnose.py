@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncloader._pipeline import stall_dump
+from asyncloader._pipeline import dump_epochs
 from asyncloader.loader import AsyncLoader
 
 
@@ -78,7 +78,7 @@ def dump_state(loader: AsyncLoader) -> str:
     2 s for each event loop to answer (a blocked loop is read from the calling thread)."""
     epochs = sorted(loader._epochs, key=lambda epoch: epoch.start_info.number)
     title = f"asyncloader: the state of {type(loader).__name__} at {time.strftime('%H:%M:%S')}:"
-    return stall_dump.dump(epochs, title)
+    return dump_epochs(epochs, title)
 
 
 def main(argv: list[str] | None = None) -> None:

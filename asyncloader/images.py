@@ -45,10 +45,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from asyncloader._images import turbo
-from asyncloader._worker.allocator import empty_huge
-from asyncloader._worker.buffers import batch_tensor
-from asyncloader._worker.process_state import shares_batches
+from asyncloader._images import decode_box, read_header
+from asyncloader._worker import batch_tensor, empty_huge, shares_batches
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -396,13 +394,13 @@ class ImageBatch:
         is drawn once, from the header's size, before either decode: the same draws as
         Pillow's path, so a seed gives the same crops with or without libturbojpeg."""
         fast = self.decoder == "auto" and "JPEG" in self.formats
-        header = turbo.read_header(data) if fast else None
+        header = read_header(data) if fast else None
         if header is None:
             return self._pillow_crop(data, None)
         self._check_pixels(header.width, header.height)
         box = self._box(header.width, header.height)
         if not self.draft or _reduction(box, self.size) == 1:
-            pixels = turbo.decode_box(data, header, box)
+            pixels = decode_box(data, header, box)
             if pixels is not None:
                 return pixels.copy()
         return self._pillow_crop(data, box)

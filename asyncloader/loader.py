@@ -14,38 +14,51 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 from torch.utils.data import Dataset
 
-from asyncloader._base.skipping import SKIP_LOG_LENGTH
-from asyncloader._base.source_state import source_state
-from asyncloader._base.threads import (
+from asyncloader._base import (
+    SKIP_LOG_LENGTH,
+    check_int,
+    dataloader_spellings,
     finalize_here,
     keep_torch_threads,
     run_in_thread,
+    source_state,
     unsafe_to_wait,
+    warn_many_workers,
 )
-from asyncloader._base.validate import check_int, dataloader_spellings, warn_many_workers
-from asyncloader._checkpoint.layout import placed
-from asyncloader._checkpoint.shape import STATE_VERSION
-from asyncloader._checkpoint.state import (
+from asyncloader._checkpoint import (
+    STATE_VERSION,
     check_state,
     dataset_len,
     encode_rng,
     fingerprint,
     next_epoch_state,
+    placed,
     ranks_state,
     rebase,
 )
-from asyncloader._config.options import Options
-from asyncloader._engines.lifetime import Workers
-from asyncloader._pipeline.async_iterator import AsyncIterator
-from asyncloader._pipeline.epoch import Epoch
-from asyncloader._pipeline.epoch_start import capture_rng, start_epoch, tell_rank, with_sampler
-from asyncloader._pipeline.length import ReportedLength
-from asyncloader._pipeline.sync_iterator import LoopThread, SyncIterator
-from asyncloader._tuning.autosize import PrefetchTuner, WorkerTuner
-from asyncloader._tuning.io_limit import FetchTuner
-from asyncloader._tuning.meter import now
-from asyncloader._tuning.report import Diagnosis, diagnose, render
-from asyncloader._tuning.stats import LoaderStats
+from asyncloader._config import Options
+from asyncloader._engines import Workers
+from asyncloader._pipeline import (
+    AsyncIterator,
+    Epoch,
+    LoopThread,
+    ReportedLength,
+    SyncIterator,
+    capture_rng,
+    start_epoch,
+    tell_rank,
+    with_sampler,
+)
+from asyncloader._tuning import (
+    Diagnosis,
+    FetchTuner,
+    LoaderStats,
+    PrefetchTuner,
+    WorkerTuner,
+    diagnose,
+    now,
+    render,
+)
 
 T_co = TypeVar("T_co", covariant=True)
 

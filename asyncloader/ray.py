@@ -41,9 +41,9 @@ try:
 except ImportError as exc:
     raise ImportError("asyncloader.ray needs Ray: pip install 'asyncloader[ray]'") from exc
 
-from asyncloader._config.options import Options
-from asyncloader._engines.ray.group import RayWorkers
-from asyncloader._worker.plan import BatchPlan
+from asyncloader._config import Options
+from asyncloader._engines.ray import RayWorkers
+from asyncloader._worker import BatchPlan
 
 __all__ = ["RayEngine"]
 

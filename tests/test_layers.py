@@ -120,13 +120,27 @@ def test_every_module_imports_only_its_own_layer_or_lower_ones():
     assert offenders() == []
 
 
+def faced(source: str) -> list[str]:
+    """The names a package's ``__init__`` lists in ``__all__`` (none when it has none)."""
+    for node in parse(source).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__":
+            return list(ast.literal_eval(node.value))
+    return []
+
+
 def import_graph() -> dict[str, set[str]]:
     """Each module of the package, and the modules of the package it imports anywhere
     (``TYPE_CHECKING`` and function-level imports included; ``from a.b import c`` counts as
     ``a.b.c`` where that is a module, else as ``a.b``)."""
     paths = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    offered = {
+        _module_name(path): set(faced(path.read_text())) for path in PACKAGE.rglob("__init__.py")
+    }
 
     def resolve(name: str) -> str:
+        package, _, last = name.rpartition(".")
+        if last in offered.get(package, ()):  # a name the face offers, not its module
+            return package
         while name not in paths:
             name = name.rpartition(".")[0]
         return name
@@ -187,6 +201,53 @@ def test_the_circle_finder_finds_circles():
     assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
+#: Nested private packages with a face of their own (imported only through it).
+NESTED_FACES = ("asyncloader._engines.ray",)
+
+
+def face_of(module: str) -> str | None:
+    """The face through which another layer imports ``module``: its nested package's or its
+    layer's package; ``None`` for a module outside the private layers."""
+    for nested in NESTED_FACES:
+        if module == nested or module.startswith(nested + "."):
+            return nested
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def past_the_face(graph: dict[str, set[str]]) -> list[str]:
+    """``module imports target`` wherever a module imports a private layer's inner module
+    from outside that layer (or nested face): other layers see only its ``__init__``."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            face = face_of(target)
+            if face is not None and face != target and face_of(module) != face:
+                found.append(f"{module} imports {target}, past the face {face}")
+    return found
+
+
+def test_other_layers_import_a_private_layer_only_through_its_face():
+    """Each private layer's __init__ names what it offers; no other layer, public module or
+    source reaches into the modules behind it."""
+    assert past_the_face(import_graph()) == []
+
+
+def test_the_face_check_names_an_import_past_it():
+    graph = {
+        "asyncloader.loader": {"asyncloader._pipeline", "asyncloader._pipeline.epoch"},
+        "asyncloader._pipeline.epoch": {"asyncloader._pipeline.device", "asyncloader._base"},
+        "asyncloader.ray": {"asyncloader._engines.ray"},
+        "asyncloader._engines.local_pool": {"asyncloader._engines.ray.group"},
+    }
+    assert past_the_face(graph) == [
+        "asyncloader._engines.local_pool imports asyncloader._engines.ray.group, past the face "
+        "asyncloader._engines.ray",
+        "asyncloader.loader imports asyncloader._pipeline.epoch, past the face "
+        "asyncloader._pipeline",
+    ]
+
+
 def test_the_checker_names_an_offending_import():
     """The walk resolves relative and TYPE_CHECKING imports and names what breaks a rule."""
     source = (
@@ -210,16 +271,26 @@ def test_the_checker_names_an_offending_import():
     assert violation("asyncloader._engines.ray.group", "ray") is None
 
 
-def test_private_packages_are_layers_with_a_docstring_and_plain_module_names():
-    """Every private subpackage is a known layer whose __init__ is only its docstring (what the
-    layer does and may import); modules inside drop the leading underscore."""
+def test_private_packages_are_layers_with_a_face_and_plain_module_names():
+    """Every private subpackage is a known layer. A layer's __init__ is its face: its
+    docstring (what the layer does and may import), then imports of what it offers the other
+    layers and an ``__all__`` naming exactly those; a subpackage of sources may be its
+    docstring alone. Modules inside drop the leading underscore."""
     packages = {p.parent for p in PACKAGE.rglob("__init__.py")} - {PACKAGE, PACKAGE / "sources"}
     # sources/ may hold private subpackages of its own (sources/_cache), under the same rules
     assert {p.relative_to(PACKAGE).parts[0] for p in packages} - {"sources"} == set(LAYERS)
     for package in packages:
-        body = parse((package / "__init__.py").read_text()).body
-        assert len(body) == 1 and isinstance(body[0], ast.Expr), package
-        assert "Imports" in ast.get_docstring(parse((package / "__init__.py").read_text()))
+        tree = parse((package / "__init__.py").read_text())
+        assert "Imports" in (ast.get_docstring(tree) or ""), package
+        offered = [
+            alias.asname or alias.name
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__"
+            for alias in node.names
+        ]
+        assert sorted(offered) == sorted(faced((package / "__init__.py").read_text())), package
+        kinds = {type(node) for node in tree.body[1:]}
+        assert kinds <= {ast.ImportFrom, ast.Assign}, package
         underscored = [p.name for p in package.glob("_*.py") if p.name != "__init__.py"]
         assert underscored == [], package
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))

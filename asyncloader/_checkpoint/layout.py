@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncloader._config.options import Options
+from asyncloader._config import Options
 
 #: The keys that hold a source's own state, in any readable version.
 SOURCE_KEYS = ("source_state", "dataset_state", "fetcher_state", "_snapshot")

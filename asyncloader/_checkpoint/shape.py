@@ -14,7 +14,7 @@ import base64
 import binascii
 from typing import Any
 
-from asyncloader._config.rank_sampler import TAILS
+from asyncloader._config import TAILS
 
 #: 3 added ``"distributed"`` (the loader's own rank sampler: world, seed, length, remainder;
 #: for an iterable source, the world size only: it keeps its position itself);

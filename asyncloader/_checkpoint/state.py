@@ -29,12 +29,10 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from asyncloader._base.kinds import supplies_sampler
-from asyncloader._base.ranks import resolve_ranks, share
+from asyncloader._base import resolve_ranks, share, supplies_sampler
 from asyncloader._checkpoint.layout import SOURCE_KEYS, placed, taken
 from asyncloader._checkpoint.shape import check_shape, decode_rng_bytes, refuse
-from asyncloader._config.options import Options
-from asyncloader._config.rank_sampler import RankSampler, SamplerCut, remainder_len
+from asyncloader._config import Options, RankSampler, SamplerCut, remainder_len
 
 #: Samplers whose ``len()`` is exactly what they yield: a position past it is refused.
 _EXACT_SAMPLERS = (

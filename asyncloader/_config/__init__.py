@@ -3,3 +3,20 @@ of the ``"auto"`` options, and the rank sampler that ``distributed=True`` builds
 
 Imports: :mod:`asyncloader._base`, :mod:`asyncloader.errors` and its own modules.
 """
+
+from __future__ import annotations
+
+from asyncloader._config.defaults import CAP, PREFETCH_CAP, PREFETCH_START
+from asyncloader._config.options import Options
+from asyncloader._config.rank_sampler import TAILS, RankSampler, SamplerCut, remainder_len
+
+__all__ = [
+    "CAP",
+    "PREFETCH_CAP",
+    "PREFETCH_START",
+    "TAILS",
+    "Options",
+    "RankSampler",
+    "SamplerCut",
+    "remainder_len",
+]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from asyncloader._base.validate import available_cores
+from asyncloader._base import available_cores
 
 PREFETCH_START = 2  # the fixed default: a short epoch is never held tighter than it
 PREFETCH_CAP = 16

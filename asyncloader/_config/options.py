@@ -26,9 +26,30 @@ from torch.utils.data import (
     default_convert,
 )
 
-from asyncloader._base import validate as check
-from asyncloader._base.kinds import SourceKind, has_getitems, source_kind, supplies_sampler
-from asyncloader._base.ranks import resolve_ranks
+from asyncloader._base import (
+    STALL_DUMP_ENV,
+    SourceKind,
+    check_auto_batching,
+    check_callable,
+    check_engine,
+    check_fetch_in_workers,
+    check_instance,
+    check_int,
+    check_map_sampling,
+    check_no_indices,
+    check_num_workers,
+    check_on_error,
+    check_timeout,
+    check_workers,
+    has_getitems,
+    is_auto,
+    resolve_device,
+    resolve_mp_context,
+    resolve_ranks,
+    source_kind,
+    stall_dump_seconds,
+    supplies_sampler,
+)
 from asyncloader._config.defaults import CAP as AUTO_CAP
 from asyncloader._config.defaults import (
     DEFAULT_BUDGET,
@@ -119,20 +140,18 @@ class Options:
         kind = source_kind(self.dataset)
         self._resolve_auto(kind)
         self._check_plain()
-        _set(self, device=check.resolve_device(self.device, bool(self.pin_memory)))
+        _set(self, device=resolve_device(self.device, bool(self.pin_memory)))
         _set(
             self,
-            mp_context=check.resolve_mp_context(
-                self.mp_context, self.num_workers, self.auto_workers
-            ),
+            mp_context=resolve_mp_context(self.mp_context, self.num_workers, self.auto_workers),
         )
         self._resolve_ranks(kind)
         if kind.is_map:
             self._sample_map()
         else:
             for name in ("shuffle", "sampler", "batch_sampler"):
-                check.check_no_indices(self.loader_name, name, getattr(self, name))
-            check.check_auto_batching(self.batch_size, self.drop_last)
+                check_no_indices(self.loader_name, name, getattr(self, name))
+            check_auto_batching(self.batch_size, self.drop_last)
         collate = self.collate_fn or (default_collate if self.batched else default_convert)
         _set(self, kind=kind, collate=collate, timeout=float(self.timeout))
         for name in ("drop_last", "in_order", "pin_memory", "persistent_workers"):
@@ -144,23 +163,23 @@ class Options:
         """The engine's worker count, then each ``"auto"`` setting's start and its flag, then
         the memory budget that bounds the auto settings (which needs one of them)."""
         if self.engine is not None:
-            check.check_engine(self.engine, self.num_workers, self.executor)
+            check_engine(self.engine, self.num_workers, self.executor)
             _set(self, num_workers=self.engine.num_workers, fetch_in_workers=True)
-        if check.is_auto("num_workers", self.num_workers):
+        if is_auto("num_workers", self.num_workers):
             loop_fed = not (kind is SourceKind.MAP or self.fetch_in_workers) and (
                 self.transform is None and self.collate_fn is None
             )
             _set(self, num_workers=start_workers(loop_fed), auto_workers=True)
-        check.check_num_workers(self.num_workers)
-        if check.is_auto("io_concurrency", self.io_concurrency):
+        check_num_workers(self.num_workers)
+        if is_auto("io_concurrency", self.io_concurrency):
             _set(self, io_concurrency=AUTO_CAP, auto_io=True)
-        check.check_int("io_concurrency", self.io_concurrency, 1)
-        if check.is_auto("prefetch", self.prefetch):
+        check_int("io_concurrency", self.io_concurrency, 1)
+        if is_auto("prefetch", self.prefetch):
             _set(self, prefetch=PREFETCH_START, auto_prefetch=True)
-        check.check_int("prefetch", self.prefetch, 1)
+        check_int("prefetch", self.prefetch, 1)
         auto = self.auto_io or self.auto_workers or self.auto_prefetch
         if self.memory_budget is not None:
-            check.check_int("memory_budget", self.memory_budget, 1)
+            check_int("memory_budget", self.memory_budget, 1)
             if not auto:
                 raise ValueError(
                     'memory_budget= bounds the "auto" settings (io_concurrency, num_workers, '
@@ -171,21 +190,19 @@ class Options:
 
     def _check_plain(self) -> None:
         """Checks the settings that depend on no other (and the workers' combination)."""
-        check.check_int("fetch_threads", self.fetch_threads, 1)
-        check.check_instance("pin_memory_device", self.pin_memory_device, str, "a str")
-        check.check_timeout(self.timeout)
-        stall_dump = check.stall_dump_seconds(os.environ.get(check.STALL_DUMP_ENV))
+        check_int("fetch_threads", self.fetch_threads, 1)
+        check_instance("pin_memory_device", self.pin_memory_device, str, "a str")
+        check_timeout(self.timeout)
+        stall_dump = stall_dump_seconds(os.environ.get(STALL_DUMP_ENV))
         _set(self, stall_dump=stall_dump)
-        check.check_on_error(self.on_error, self.max_skipped)
+        check_on_error(self.on_error, self.max_skipped)
         for name in ("collate_fn", "transform", "worker_init_fn", "device_transform"):
-            check.check_callable(name, getattr(self, name))
-        check.check_workers(
-            self.num_workers, self.executor, self.persistent_workers, self.auto_workers
-        )
-        check.check_fetch_in_workers(self.fetch_in_workers, self.num_workers)
-        check.check_instance("generator", self.generator, torch.Generator, "a torch.Generator")
+            check_callable(name, getattr(self, name))
+        check_workers(self.num_workers, self.executor, self.persistent_workers, self.auto_workers)
+        check_fetch_in_workers(self.fetch_in_workers, self.num_workers)
+        check_instance("generator", self.generator, torch.Generator, "a torch.Generator")
         if self.batch_size is not None:
-            check.check_int("batch_size", self.batch_size, 1)
+            check_int("batch_size", self.batch_size, 1)
 
     def _fetches_batches(self) -> bool:
         """:attr:`batch_fetch`: DataLoader's rule (a ``__getitems__`` and automatic batching),
@@ -209,7 +226,7 @@ class Options:
             )
         for name, minimum in (("rank", 0), ("world_size", 1)):
             if getattr(self, name) is not None:
-                check.check_int(name, getattr(self, name), minimum)
+                check_int(name, getattr(self, name), minimum)
         if self.rank is not None or self.world_size is not None:
             resolve_ranks(self.rank, self.world_size)  # checks them; else resolved each epoch
 
@@ -218,7 +235,7 @@ class Options:
         if supplies_sampler(self.dataset):
             self._sample_by_dataset()
             return
-        check.check_map_sampling(
+        check_map_sampling(
             self.batch_size, self.shuffle, self.sampler, self.batch_sampler, self.drop_last
         )
         if self.batch_sampler is not None:
@@ -257,7 +274,7 @@ class Options:
                 f"({type(self.dataset).__qualname__}.loader_sampler(): it orders and shuffles "
                 f"the dataset, and splits it across ranks): leave {given[0]} unset"
             )
-        check.check_auto_batching(self.batch_size, self.drop_last)
+        check_auto_batching(self.batch_size, self.drop_last)
         sampler = self.dataset.loader_sampler()
         _set(self, sampler=sampler)
         if self.batch_size is not None:
@@ -275,7 +292,7 @@ class Options:
 
     def with_worker_init_fn(self, fn: Callable[[int], None] | None) -> Options:
         """These options with another ``worker_init_fn`` (DataLoader lets it be set)."""
-        check.check_callable("worker_init_fn", fn)
+        check_callable("worker_init_fn", fn)
         changed = copy.copy(self)
         _set(changed, worker_init_fn=fn)
         return changed

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from asyncloader._base.ranks import (
+from asyncloader._base import (
     remainder_len,
     remainder_span,
     resolve_ranks,

@@ -8,3 +8,24 @@ Imports: :mod:`asyncloader._worker` (what the processes run), :mod:`asyncloader.
 :mod:`asyncloader._config`, :mod:`asyncloader._base`, :mod:`asyncloader.errors` and its own
 modules. ``ray`` is imported only under :mod:`asyncloader._engines.ray`.
 """
+
+from __future__ import annotations
+
+from asyncloader._engines.channels import Channels
+from asyncloader._engines.engine import Engine, ExecutorEngine, LoopEngine, WorkerEngine
+from asyncloader._engines.fetching_workers import worker_specs
+from asyncloader._engines.lifetime import WorkerLease, Workers
+from asyncloader._engines.requests import Requests, complete
+
+__all__ = [
+    "Channels",
+    "Engine",
+    "ExecutorEngine",
+    "LoopEngine",
+    "Requests",
+    "WorkerEngine",
+    "WorkerLease",
+    "Workers",
+    "complete",
+    "worker_specs",
+]

@@ -25,7 +25,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from asyncloader._engines.requests import Requests, complete
-from asyncloader._worker.protocol import (
+from asyncloader._worker import (
     STOP,
     Keyed,
     NextOfStream,

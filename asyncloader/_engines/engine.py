@@ -16,9 +16,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
-from asyncloader._base.compat import outside_the_loop
-from asyncloader._base.seeding import Seeds
-from asyncloader._worker.plan import BatchPlan, run_batch
+from asyncloader._base import Seeds, outside_the_loop
+from asyncloader._worker import BatchPlan, run_batch
 
 
 class Engine(Protocol):

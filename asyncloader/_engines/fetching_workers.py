@@ -25,8 +25,8 @@ from contextlib import AbstractContextManager, nullcontext
 from multiprocessing.connection import wait
 from typing import Any
 
-from asyncloader._base.compat import before_exit
-from asyncloader._config.options import Options
+from asyncloader._base import before_exit
+from asyncloader._config import Options
 from asyncloader._engines.channels import Channels
 from asyncloader._engines.local_pool import (
     EXIT_GRACE_S,
@@ -35,9 +35,7 @@ from asyncloader._engines.local_pool import (
     stop_processes,
 )
 from asyncloader._engines.start_method import check_start, default_mp_context
-from asyncloader._worker.loop import serve
-from asyncloader._worker.plan import BatchPlan
-from asyncloader._worker.protocol import WorkerConfig, WorkerSpec
+from asyncloader._worker import BatchPlan, WorkerConfig, WorkerSpec, serve
 from asyncloader.errors import WorkerCrashedError
 
 _live: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()

@@ -18,12 +18,12 @@ import threading
 import warnings
 from typing import Any
 
-from asyncloader._base.threads import finalize_here, loops_parked, run_in_thread
-from asyncloader._config.options import Options
+from asyncloader._base import finalize_here, loops_parked, run_in_thread
+from asyncloader._config import Options
 from asyncloader._engines.fetching_workers import WorkerGroup
 from asyncloader._engines.local_pool import ProcessPool
 from asyncloader._engines.start_method import default_mp_context, forks, prestart, warm_for_fork
-from asyncloader._worker.plan import BatchPlan
+from asyncloader._worker import BatchPlan
 
 #: The workers of an epoch: transforming (and calling a sync ``__getitem__``), or fetching too.
 Pool = ProcessPool | WorkerGroup

@@ -23,17 +23,16 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from asyncloader._base.compat import (
+from asyncloader._base import (
+    Seeds,
     before_exit,
     pool_is_broken,
     pool_manager_thread,
     pool_processes,
 )
-from asyncloader._base.seeding import Seeds
-from asyncloader._config.options import Options
+from asyncloader._config import Options
 from asyncloader._engines.start_method import check_start, default_mp_context
-from asyncloader._worker.plan import BatchPlan, run_batch
-from asyncloader._worker.startup import Running, init_failure, init_worker
+from asyncloader._worker import BatchPlan, Running, init_failure, init_worker, run_batch
 from asyncloader.errors import WorkerCrashedError
 
 SHUTDOWN_GRACE_S = 5.0

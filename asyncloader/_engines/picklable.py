@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from asyncloader._base.compat import forking_reducers
+from asyncloader._base import forking_reducers
 
 _PROTOCOL = 5  # buffers out of band, so an array's bytes are not copied to be checked
 #: Parts of an object walked at most while looking for the one that fails.

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from asyncloader._base.seeding import Seeds
-from asyncloader._worker.protocol import NextOfStream, OpenStream, Request, RunBatch, StreamOpen
+from asyncloader._base import Seeds
+from asyncloader._worker import NextOfStream, OpenStream, Request, RunBatch, StreamOpen
 
 
 def complete(future: Future[Any], result: Any, error: BaseException | None = None) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from asyncloader._base.compat import caller_frames, start_fork_server
+from asyncloader._base import caller_frames, start_fork_server
 from asyncloader._engines.picklable import check_picklable
 
 _PRELOAD = ["__main__", "asyncloader._worker.startup"]

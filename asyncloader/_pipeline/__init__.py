@@ -8,3 +8,25 @@ Imports: every private layer below it (:mod:`asyncloader._engines`,
 :mod:`asyncloader._config`, :mod:`asyncloader._base`), :mod:`asyncloader.errors` and its own
 modules.
 """
+
+from __future__ import annotations
+
+from asyncloader._pipeline.async_iterator import AsyncIterator
+from asyncloader._pipeline.epoch import Epoch
+from asyncloader._pipeline.epoch_start import capture_rng, start_epoch, tell_rank, with_sampler
+from asyncloader._pipeline.length import ReportedLength
+from asyncloader._pipeline.stall_dump import dump_epochs
+from asyncloader._pipeline.sync_iterator import LoopThread, SyncIterator
+
+__all__ = [
+    "AsyncIterator",
+    "Epoch",
+    "LoopThread",
+    "ReportedLength",
+    "SyncIterator",
+    "capture_rng",
+    "dump_epochs",
+    "start_epoch",
+    "tell_rank",
+    "with_sampler",
+]

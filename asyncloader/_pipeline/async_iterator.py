@@ -12,12 +12,10 @@ import contextlib
 import weakref
 from typing import Any
 
-from asyncloader._base.skipping import EMPTY
-from asyncloader._base.threads import finalize_here
+from asyncloader._base import EMPTY, finalize_here
 from asyncloader._pipeline.device import hand_over
 from asyncloader._pipeline.epoch import Epoch
-from asyncloader._tuning.meter import now
-from asyncloader._tuning.stats import LoaderStats
+from asyncloader._tuning import LoaderStats, now
 
 
 class AsyncIterator:

@@ -13,11 +13,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Seque
 from concurrent.futures import Executor
 from typing import Any
 
-from asyncloader._base.pull import sync_stream, take_async, take_sync
-from asyncloader._base.source_state import source_state
-from asyncloader._checkpoint.progress import Progress
-from asyncloader._checkpoint.state import Resume
-from asyncloader._config.options import Options
+from asyncloader._base import source_state, sync_stream, take_async, take_sync
+from asyncloader._checkpoint import Progress, Resume
+from asyncloader._config import Options
 from asyncloader._pipeline.claims import Claim
 from asyncloader._pipeline.heavy_source import PullMeter
 

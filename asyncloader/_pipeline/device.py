@@ -41,8 +41,7 @@ from typing import Any
 
 import torch
 
-from asyncloader._base.structure import DESCEND, map_structure, tensors_of
-from asyncloader._base.threads import settle
+from asyncloader._base import DESCEND, map_structure, settle, tensors_of
 
 
 def _apply(data: Any, on_tensor: Callable[[torch.Tensor], Any], method: str) -> Any:

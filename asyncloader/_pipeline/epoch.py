@@ -40,19 +40,27 @@ from typing import Any, cast
 
 import torch
 
-from asyncloader._base.failure import Failure, unwrap_group
-from asyncloader._base.kinds import SourceKind
-from asyncloader._base.reorder import ReorderBuffer
-from asyncloader._base.seeding import Seeds, call_seeded
-from asyncloader._base.skipping import EMPTY, SKIP_LOG_LENGTH, SkipLedger, Trimmed
-from asyncloader._base.source_state import counts_between
-from asyncloader._base.structure import nbytes
-from asyncloader._base.threads import loader_threads, loop_registered, run_in_thread
-from asyncloader._base.window import Window
-from asyncloader._checkpoint.progress import Progress
-from asyncloader._config.options import Options
-from asyncloader._engines.engine import Engine, ExecutorEngine, LoopEngine, WorkerEngine
-from asyncloader._engines.lifetime import WorkerLease
+from asyncloader._base import (
+    EMPTY,
+    SKIP_LOG_LENGTH,
+    Failure,
+    ReorderBuffer,
+    Seeds,
+    SkipLedger,
+    SourceKind,
+    Trimmed,
+    Window,
+    call_seeded,
+    counts_between,
+    loader_threads,
+    loop_registered,
+    nbytes,
+    run_in_thread,
+    unwrap_group,
+)
+from asyncloader._checkpoint import Progress
+from asyncloader._config import Options
+from asyncloader._engines import Engine, ExecutorEngine, LoopEngine, WorkerEngine, WorkerLease
 from asyncloader._pipeline.batches import Batch, Made, map_batches, stream_batches
 from asyncloader._pipeline.device import DeviceStage
 from asyncloader._pipeline.epoch_start import EpochStart, SamplerCursor, recorded
@@ -60,13 +68,8 @@ from asyncloader._pipeline.length import LengthCheck, ReportedLength
 from asyncloader._pipeline.stall_dump import Parts, watch_stalls
 from asyncloader._pipeline.transform import Transformer, inline_plan
 from asyncloader._pipeline.worker_streams import worker_stream_batches
-from asyncloader._tuning.autosize import PrefetchTuner
-from asyncloader._tuning.io_limit import FetchTuner
-from asyncloader._tuning.meter import EpochMeter, now
-from asyncloader._tuning.stats import LoaderStats
-from asyncloader._worker.fetch import Fetcher, fetch_then_run
-from asyncloader._worker.getitems import BatchFetcher
-from asyncloader._worker.plan import BatchPlan
+from asyncloader._tuning import EpochMeter, FetchTuner, LoaderStats, PrefetchTuner, now
+from asyncloader._worker import BatchFetcher, BatchPlan, Fetcher, fetch_then_run
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 
 #: The longest ``state_dict()`` waits for the workers to open their iterations of the source

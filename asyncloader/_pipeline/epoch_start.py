@@ -26,25 +26,25 @@ from typing import Any
 
 import torch
 
-from asyncloader._base.compat import shuffled_batches
-from asyncloader._base.kinds import SourceKind, supplies_sampler
-from asyncloader._base.seeding import draw_seed
-from asyncloader._base.source_state import (
+from asyncloader._base import (
+    SourceKind,
+    draw_seed,
     is_stateful,
     open_iterator,
     restore_dataset,
+    shuffled_batches,
     source_state,
+    supplies_sampler,
 )
-from asyncloader._checkpoint.progress import Progress
-from asyncloader._checkpoint.state import (
+from asyncloader._checkpoint import (
+    Progress,
     Resume,
     decode_rng,
     fresh_state,
     resume_point,
     warn_replayed,
 )
-from asyncloader._config.options import Options
-from asyncloader._config.rank_sampler import SamplerCut
+from asyncloader._config import Options, SamplerCut
 from asyncloader._pipeline.claims import Claim, claim_for
 
 

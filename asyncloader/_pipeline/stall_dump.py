@@ -14,7 +14,7 @@ the device stage, samples handed over, admissions into the window), so while bat
 the watch costs one timer callback per ``seconds / TICKS`` and nothing per sample or batch.
 A stall is logged once (WARNING, on this module's logger); after any progress the next one
 is logged again. The dump is made on the loop, so a loop thread blocked inside a call never
-reaches its tick: :func:`dump` from another thread (``asyncloader.diagnose.dump_state``)
+reaches its tick: :func:`dump_epochs` from another thread (``asyncloader.diagnose.dump_state``)
 covers that case, reading what it can from its own thread when the loop does not answer.
 
 The dump only reads: it changes nothing in the epoch, and no stage waits for it.
@@ -34,14 +34,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Protocol
 
-from asyncloader._base.compat import thread_frames
-from asyncloader._base.reorder import ReorderBuffer
-from asyncloader._base.validate import STALL_DUMP_ENV
-from asyncloader._base.window import Window
-from asyncloader._checkpoint.progress import Progress
-from asyncloader._config.options import Options
+from asyncloader._base import STALL_DUMP_ENV, ReorderBuffer, Window, thread_frames
+from asyncloader._checkpoint import Progress
+from asyncloader._config import Options
 from asyncloader._pipeline.transform import Transformer
-from asyncloader._tuning.meter import EpochMeter
+from asyncloader._tuning import EpochMeter
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +82,7 @@ class HasParts(Protocol):
 
 
 class StallWatch:
-    """Logs :func:`dump` once per stall of one epoch (see the module docstring); on its loop.
+    """Logs :func:`dump_epochs` once per stall of one epoch (see the module docstring); on its loop.
 
     Args:
         seconds: How long the consumer waits with no counter moving before the dump.
@@ -111,7 +108,7 @@ class StallWatch:
                 f"asyncloader: no progress for {at - self._since:.1f} s while the consumer "
                 f"waits for a batch ({STALL_DUMP_ENV}={self._seconds:g}); the loader's state:"
             )
-            logger.warning("%s", dump([parts], title))
+            logger.warning("%s", dump_epochs([parts], title))
         self._timer = self._loop.call_later(self._seconds / TICKS, self._tick)
 
     def close(self) -> None:
@@ -131,7 +128,7 @@ def watch_stalls(seconds: float | None, parts: Callable[[], Parts]) -> Iterator[
         watch.close()
 
 
-def dump(epochs: Iterable[HasParts | Parts], title: str) -> str:
+def dump_epochs(epochs: Iterable[HasParts | Parts], title: str) -> str:
     """``title``, then per epoch still running its stages, limits and last tuner moves, then
     the tasks on each of their loops and every thread's stack. From any thread: what is read
     on a loop is read there, unless it does not answer within :data:`ANSWER_S`."""

@@ -31,11 +31,10 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from asyncloader._base.skipping import EMPTY
-from asyncloader._base.threads import finalize_here, loop_registered, new_event_loop, unsafe_to_wait
+from asyncloader._base import EMPTY, finalize_here, loop_registered, new_event_loop, unsafe_to_wait
 from asyncloader._pipeline.device import hand_over
 from asyncloader._pipeline.epoch import Epoch
-from asyncloader._tuning.meter import now
+from asyncloader._tuning import now
 
 _ITEM, _END, _ERROR = 0, 1, 2
 

@@ -23,17 +23,10 @@ from typing import Any
 
 from torch.utils.data import default_collate, default_convert
 
-from asyncloader._base.seeding import Seeds
-from asyncloader._base.skipping import Trimmed
-from asyncloader._base.structure import nbytes
-from asyncloader._base.threads import run_in_thread
-from asyncloader._base.window import Window
-from asyncloader._engines.engine import Engine, LoopEngine
-from asyncloader._tuning.meter import EpochMeter, now
-from asyncloader._worker.buffers import Pooled, Returns
-from asyncloader._worker.collate import collate_small
-from asyncloader._worker.plan import BatchPlan, run_batch
-from asyncloader._worker.transport import from_shared
+from asyncloader._base import Seeds, Trimmed, Window, nbytes, run_in_thread
+from asyncloader._engines import Engine, LoopEngine
+from asyncloader._tuning import EpochMeter, now
+from asyncloader._worker import BatchPlan, Pooled, Returns, collate_small, from_shared, run_batch
 from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 
 #: Batches below this size that need only the default collate may be collated on the loop: a

@@ -30,13 +30,12 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from asyncloader._checkpoint.progress import Progress
-from asyncloader._checkpoint.state import fresh_state
-from asyncloader._config.options import Options
-from asyncloader._engines.engine import WorkerEngine
+from asyncloader._checkpoint import Progress, fresh_state
+from asyncloader._config import Options
+from asyncloader._engines import WorkerEngine
 from asyncloader._pipeline.batches import Batch, Made
 from asyncloader._pipeline.epoch_start import EpochStart
-from asyncloader._worker.protocol import LOST, SUPERSEDED, Ended, StreamOpen
+from asyncloader._worker import LOST, SUPERSEDED, Ended, StreamOpen
 from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
 
 

@@ -5,3 +5,23 @@ from it, and the tuners of the ``"auto"`` options (the io limit, the worker coun
 Imports: :mod:`asyncloader._config`, :mod:`asyncloader._base`, :mod:`asyncloader.errors` and
 its own modules. The io limit's tuner also runs inside worker processes.
 """
+
+from __future__ import annotations
+
+from asyncloader._tuning.autosize import PrefetchTuner, WorkerTuner
+from asyncloader._tuning.io_limit import FetchTuner
+from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._tuning.report import Diagnosis, diagnose, render
+from asyncloader._tuning.stats import LoaderStats
+
+__all__ = [
+    "Diagnosis",
+    "EpochMeter",
+    "FetchTuner",
+    "LoaderStats",
+    "PrefetchTuner",
+    "WorkerTuner",
+    "diagnose",
+    "now",
+    "render",
+]

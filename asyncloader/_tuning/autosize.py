@@ -39,8 +39,8 @@ largest size, which is at most ``Options.window`` (sized for ``PREFETCH_CAP``).
 
 from __future__ import annotations
 
-from asyncloader._base.validate import available_cores
-from asyncloader._config.defaults import PREFETCH_CAP, PREFETCH_START
+from asyncloader._base import available_cores
+from asyncloader._config import PREFETCH_CAP, PREFETCH_START
 from asyncloader._tuning.io_limit import GAIN
 from asyncloader._tuning.stats import LoaderStats
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 
-from asyncloader._base.structure import nbytes
+from asyncloader._base import nbytes
 
 START = 64  # the first limit: the fixed default, so a short epoch is never slower than it
 MIN_ROUND = 32

@@ -26,7 +26,7 @@ import time
 from array import array
 from collections import deque
 
-from asyncloader._base.retries import RETRIES
+from asyncloader._base import RETRIES
 
 RESERVOIR = 2048  # durations kept per stage for the percentiles: the most recent ones
 SAMPLE_EVERY = 4  # of which every 4th is kept

@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from asyncloader._config.defaults import CAP as AUTO_CAP
-from asyncloader._config.options import Options
+from asyncloader._config import CAP as AUTO_CAP
+from asyncloader._config import Options
 from asyncloader._tuning.stats import LoaderStats
 
 CONSUMER_STALL, DEVICE_BUSY, ENGINE_FULL, FETCH_FULL = 0.10, 0.70, 0.75, 0.75

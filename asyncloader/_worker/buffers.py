@@ -53,9 +53,7 @@ from typing import Any
 
 import torch
 
-from asyncloader._base.compat import empty_shared, new_shared_storage, storage_users
-from asyncloader._base.structure import tensors_of
-from asyncloader._base.threads import holding
+from asyncloader._base import empty_shared, holding, new_shared_storage, storage_users, tensors_of
 from asyncloader._worker.transport import WithArrays
 
 

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from asyncloader._base.compat import collate_with
-from asyncloader._base.structure import nbytes
+from asyncloader._base import collate_with, nbytes
 from asyncloader._worker.process_state import shares_batches
 from asyncloader._worker.transport import BY_VALUE_BYTES
 

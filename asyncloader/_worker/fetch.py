@@ -43,10 +43,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncloader._base.failure import Failure
-from asyncloader._base.skipping import Skip, Trimmed
-from asyncloader._tuning.io_limit import FetchTuner
-from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._base import Failure, Skip, Trimmed
+from asyncloader._tuning import EpochMeter, FetchTuner, now
 from asyncloader.errors import AsyncLoaderError
 
 if TYPE_CHECKING:

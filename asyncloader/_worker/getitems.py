@@ -37,9 +37,8 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from asyncloader._base.failure import Failure
-from asyncloader._base.skipping import Skip, Trimmed
-from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._base import Failure, Skip, Trimmed
+from asyncloader._tuning import EpochMeter, now
 
 
 def getitems(dataset: Any, indices: Sequence[Any], aligned: bool) -> Any:

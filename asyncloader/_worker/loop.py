@@ -25,13 +25,22 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from asyncloader._base.failure import Failure
-from asyncloader._base.kinds import SourceKind
-from asyncloader._base.pull import sync_stream, take_async, take_sync
-from asyncloader._base.seeding import Seeds, call_seeded, seed_stream
-from asyncloader._base.source_state import open_iterator, restore_dataset, source_state
-from asyncloader._base.threads import loader_threads, new_event_loop
-from asyncloader._tuning.io_limit import FetchTuner
+from asyncloader._base import (
+    Failure,
+    Seeds,
+    SourceKind,
+    call_seeded,
+    loader_threads,
+    new_event_loop,
+    open_iterator,
+    restore_dataset,
+    seed_stream,
+    source_state,
+    sync_stream,
+    take_async,
+    take_sync,
+)
+from asyncloader._tuning import FetchTuner
 from asyncloader._worker.fetch import Fetcher, fetch_then_run
 from asyncloader._worker.getitems import BatchFetcher
 from asyncloader._worker.plan import BatchPlan, run_batch

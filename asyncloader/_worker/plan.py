@@ -16,10 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import default_collate
 
-from asyncloader._base.failure import Failure
-from asyncloader._base.seeding import Seeds, call_seeded
-from asyncloader._base.skipping import Skip, Trimmed
-from asyncloader._base.worker_info import get_worker_info
+from asyncloader._base import Failure, Seeds, Skip, Trimmed, call_seeded, get_worker_info
 from asyncloader._worker.buffers import settle
 from asyncloader._worker.collate import worker_collate
 from asyncloader._worker.columns import ColumnReader, reads_columns
@@ -28,7 +25,7 @@ from asyncloader._worker.process_state import init_failure, mark_running, shares
 from asyncloader._worker.transport import by_value, to_shared
 
 if TYPE_CHECKING:
-    from asyncloader._config.options import Options
+    from asyncloader._config import Options
 
 
 @dataclass(frozen=True, slots=True)

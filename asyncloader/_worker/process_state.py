@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncloader._base.failure import Failure
-from asyncloader._base.worker_info import get_worker_info
+from asyncloader._base import Failure, get_worker_info
 
 
 class Running:

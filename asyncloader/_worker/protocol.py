@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, TypeVar
 
-from asyncloader._base.kinds import SourceKind
+from asyncloader._base import SourceKind
 from asyncloader._worker.plan import BatchPlan
 
 _T = TypeVar("_T")

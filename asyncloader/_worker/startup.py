@@ -15,10 +15,15 @@ from typing import Any
 
 import torch
 
-from asyncloader._base.compat import set_torch_worker_info
-from asyncloader._base.failure import Failure
-from asyncloader._base.seeding import leave_seeding_to_user, rng_states, seed_all
-from asyncloader._base.worker_info import WorkerInfo, set_worker_info
+from asyncloader._base import (
+    Failure,
+    WorkerInfo,
+    leave_seeding_to_user,
+    rng_states,
+    seed_all,
+    set_torch_worker_info,
+    set_worker_info,
+)
 from asyncloader._worker.allocator import keep_freed_memory
 from asyncloader._worker.buffers import set_pool_slots
 from asyncloader._worker.orphans import watch_parent

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import asyncloader._base.compat  # noqa: F401  torch's shared-memory pickling
-from asyncloader._base.structure import DESCEND, map_structure, nbytes
+import asyncloader._base  # noqa: F401  its compat: torch's shared-memory pickling
+from asyncloader._base import DESCEND, map_structure, nbytes
 
 
 class SharedArray:

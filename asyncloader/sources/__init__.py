@@ -5,7 +5,7 @@ Each source here is usable directly as the loader's dataset::
     from asyncloader.sources import HTTPSource, ObjectStoreSource, FileSource, ShardedSource
 """
 
-from asyncloader._base.kinds import AsyncMapSource, MapSource, SourceKind, source_kind
+from asyncloader._base import AsyncMapSource, MapSource, SourceKind, source_kind
 from asyncloader.sources._cache.disk_cache import DiskCache
 from asyncloader.sources._files import FileSource
 from asyncloader.sources._http import HTTPSource

@@ -26,8 +26,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncloader._base.compat import s3fs_client, s3fs_read_range
-from asyncloader._base.threads import call_in_thread
+from asyncloader._base import call_in_thread, s3fs_client, s3fs_read_range
 from asyncloader.sources._map import (
     DEFAULT_MAX_OBJECT_SIZE,
     RemoteMap,

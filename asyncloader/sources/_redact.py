@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, unquote, unquote_plus, urlsplit, urlunsplit
 
-from asyncloader._base.failure import (
+from asyncloader._base import (
     RedactingFilter,
     redact_exception,
     redact_text,

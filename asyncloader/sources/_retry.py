@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from asyncloader._base.retries import RETRIES
+from asyncloader._base import RETRIES
 from asyncloader.errors import FetchError
 from asyncloader.sources._redact import Redactor
 

@@ -31,9 +31,7 @@ from collections.abc import (
 )
 from typing import TYPE_CHECKING, Any
 
-from asyncloader._base.failure import unwrap_group
-from asyncloader._base.ranks import check_ranks, resolve_ranks
-from asyncloader._base.worker_info import get_worker_info
+from asyncloader._base import check_ranks, get_worker_info, resolve_ranks, unwrap_group
 from asyncloader.errors import FetchError
 from asyncloader.sources._cache.client import plan_cache, with_cache
 from asyncloader.sources._client import Client

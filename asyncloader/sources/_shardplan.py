@@ -32,7 +32,7 @@ import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from asyncloader._base.ranks import share
+from asyncloader._base import share
 
 TAILS = ("drop", "pad")
 

@@ -20,8 +20,7 @@ from typing import Any
 
 from torch.utils.data import default_collate
 
-from asyncloader._base.failure import redact_text
-from asyncloader._base.validate import check_on_error
+from asyncloader._base import check_on_error, redact_text
 
 log = logging.getLogger("asyncloader.sources")
 _LOG_LENGTH = 16

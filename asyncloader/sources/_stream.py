@@ -37,7 +37,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncloader._base.failure import unwrap_group
+from asyncloader._base import unwrap_group
 from asyncloader.sources._interleave import Interleave, draw, fill_target, rewind
 from asyncloader.sources._remainder import StreamCut
 from asyncloader.sources._shardplan import Slice

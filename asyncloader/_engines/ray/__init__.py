@@ -6,3 +6,11 @@ Imports: ``ray``, the rest of :mod:`asyncloader._engines`, and the layers below 
 this package's modules imports ``ray`` (an optional extra); nothing imports them but
 :mod:`asyncloader.ray`.
 """
+
+from __future__ import annotations
+
+from asyncloader._engines.ray.group import RayWorkers
+
+__all__ = [
+    "RayWorkers",
+]

@@ -15,9 +15,7 @@ import ray
 from asyncloader._engines.ray.sockets import (
     connect_actor,
 )
-from asyncloader._worker.loop import WorkerCore
-from asyncloader._worker.protocol import Request, WorkerSpec
-from asyncloader._worker.startup import init_failure, setup_worker
+from asyncloader._worker import Request, WorkerCore, WorkerSpec, init_failure, setup_worker
 
 
 class Inbox:

@@ -14,9 +14,9 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from asyncloader._base.seeding import Seeds
-from asyncloader._config.options import Options
-from asyncloader._engines.fetching_workers import worker_specs
+from asyncloader._base import Seeds
+from asyncloader._config import Options
+from asyncloader._engines import worker_specs
 from asyncloader._engines.ray.actor import RayWorker
 from asyncloader._engines.ray.long_poll import LongPoll, _tokens
 from asyncloader._engines.ray.sockets import (
@@ -25,8 +25,7 @@ from asyncloader._engines.ray.sockets import (
     accept,
     listening,
 )
-from asyncloader._worker.plan import BatchPlan
-from asyncloader._worker.protocol import StreamOpen
+from asyncloader._worker import BatchPlan, StreamOpen
 from asyncloader.errors import WorkerCrashedError
 
 

@@ -16,11 +16,9 @@ from typing import Any
 import numpy as np
 from ray.exceptions import RayActorError
 
-from asyncloader._base.skipping import Trimmed
-from asyncloader._base.structure import DESCEND, map_structure
-from asyncloader._engines.requests import Requests, complete
-from asyncloader._worker.protocol import Request, RunBatch, batch_of
-from asyncloader._worker.transport import TensorValue, WithArrays
+from asyncloader._base import DESCEND, Trimmed, map_structure
+from asyncloader._engines import Requests, complete
+from asyncloader._worker import Request, RunBatch, TensorValue, WithArrays, batch_of
 
 _tokens = itertools.count()
 _NO_LOOP = object()  # a flush is scheduled off any loop

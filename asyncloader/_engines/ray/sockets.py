@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from asyncloader._base.compat import peer_uid
-from asyncloader._engines.channels import Channels
-from asyncloader._worker.loop import serve_on
+from asyncloader._base import peer_uid
+from asyncloader._engines import Channels
+from asyncloader._worker import serve_on
 
 log = logging.getLogger("asyncloader")
 

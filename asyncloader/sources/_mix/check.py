@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from asyncloader._base.worker_info import get_worker_info
+from asyncloader._base import get_worker_info
 from asyncloader.sources._mix.draw import STOPS
 from asyncloader.sources._mix.sources import Member
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset
 
-from asyncloader._base.ranks import check_ranks, resolve_ranks
+from asyncloader._base import check_ranks, resolve_ranks
 from asyncloader.sources._mix.ahead import AheadSamples, AsyncRun
 from asyncloader.sources._mix.check import (
     all_sync_map,

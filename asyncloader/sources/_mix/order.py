@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncloader._base.ranks import remainder_len, remainder_span, share, split_span
+from asyncloader._base import remainder_len, remainder_span, share, split_span
 from asyncloader.sources._mix.draw import CHUNK, Layout, MemberCut
 
 

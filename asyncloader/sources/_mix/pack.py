@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from asyncloader._base.ranks import check_ranks
+from asyncloader._base import check_ranks
 from asyncloader.sources._mix.state import TAILS, VERSION, Setup, place, top
 
 _TOP = ("epoch", "drawn", "weights", "rank", "world_size", "distributed_tail", "sources")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncloader._base.source_state import source_state
+from asyncloader._base import source_state
 from asyncloader.sources._mix.draw import Cursor, Draws, Layout
 from asyncloader.sources._mix.pack import encode, owns, pack, packed
 from asyncloader.sources._mix.sources import share_of

@@ -14,8 +14,14 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from asyncloader._base.kinds import SourceKind, has_getitems, source_kind, supplies_sampler
-from asyncloader._base.source_state import open_iterator, restore_dataset
+from asyncloader._base import (
+    SourceKind,
+    has_getitems,
+    open_iterator,
+    restore_dataset,
+    source_kind,
+    supplies_sampler,
+)
 from asyncloader.sources._mix.draw import Layout, MemberCut
 from asyncloader.sources._mix.order import Order, rank_order, share_len
 
