@@ -10,12 +10,13 @@ returns a :class:`Skipped` marker in place of a bad sample. Clients live one per
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from asyncloader.errors import FetchError
 from asyncloader.sources._cache.client import check_cache, with_cache
-from asyncloader.sources._redact import Redactor, hide_urls, redact_exception, url_secrets
+from asyncloader.sources._client import Client
+from asyncloader.sources._redact import hide_urls, redact_exception, url_secrets
 from asyncloader.sources._retry import Attempts, Retry, describe_cause, retrying
 from asyncloader.sources._skips import Skipped, Skips
 
@@ -24,29 +25,6 @@ if TYPE_CHECKING:
 
 Item = tuple[str, int | None, int | None]
 DEFAULT_MAX_OBJECT_SIZE = 256 << 20
-
-
-class Client(Protocol):
-    """Reads bytes for a source; one attempt per call, errors classified by :mod:`._retry`."""
-
-    redact: Redactor
-
-    def shown(self, target: str) -> str:
-        """``target`` as it may be shown: credentials and query values hidden."""
-        ...
-
-    async def read(self, target: str, start: int | None, length: int | None) -> bytes:
-        """The whole object, or ``length`` bytes from ``start`` (to the end when None)."""
-        ...
-
-    def stream(self, target: str, start: int, pin: dict[str, Any]) -> AsyncGenerator[bytes, None]:
-        """Chunks of the object from byte ``start``; ``pin`` keeps what must not change
-        between the attempts of one stream (an ETag, a size)."""
-        ...
-
-    async def aclose(self) -> None:
-        """Closes the running loop's connection pool."""
-        ...
 
 
 def check_common(

@@ -36,9 +36,10 @@ from asyncloader._base.ranks import check_ranks, resolve_ranks
 from asyncloader._base.worker_info import get_worker_info
 from asyncloader.errors import FetchError
 from asyncloader.sources._cache.client import plan_cache, with_cache
+from asyncloader.sources._client import Client
 from asyncloader.sources._files import FileClient
 from asyncloader.sources._http import HTTPClient
-from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, Client, ClientSource, check_common
+from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, ClientSource, check_common
 from asyncloader.sources._objectstore import StoreClient
 from asyncloader.sources._redact import Redactor, redact_exception, redact_url, url_secrets
 from asyncloader.sources._remainder import (

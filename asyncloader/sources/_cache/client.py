@@ -27,7 +27,7 @@ from asyncloader.sources._cache.layout import entry_key
 from asyncloader.sources._retry import Permanent, Transient, check_size, is_transient
 
 if TYPE_CHECKING:
-    from asyncloader.sources._map import Client
+    from asyncloader.sources._client import Client
     from asyncloader.sources._redact import Redactor
 
 T = TypeVar("T")
@@ -90,7 +90,7 @@ class _StreamState:
 
 
 class CachedClient:
-    """``inner`` (a :class:`~asyncloader.sources._map.Client`) read through ``cache``."""
+    """``inner`` (a :class:`~asyncloader.sources._client.Client`) read through ``cache``."""
 
     def __init__(self, inner: Client, cache: DiskCache) -> None:
         self.inner = inner
