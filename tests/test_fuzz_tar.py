@@ -44,9 +44,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncloader import AsyncLoader, FetchError
-from asyncloader.sources import Retry, ShardedSource, _tar
+from asyncloader.sources import Retry, ShardedSource
 from asyncloader.sources._redact import Redactor
-from asyncloader.sources._shardplan import Slice
+from asyncloader.sources._sharded import tar as _tar
+from asyncloader.sources._sharded.shardplan import Slice
 from tests.helpers.tars import (
     BLOCK,
     END,

@@ -16,10 +16,11 @@ import tarfile
 import pytest
 
 from asyncloader import AsyncLoader, FetchError
-from asyncloader.sources import Retry, ShardedSource, _tar
+from asyncloader.sources import Retry, ShardedSource
 from asyncloader.sources._retry import Permanent, Transient
-from asyncloader.sources._shardplan import Slice
-from asyncloader.sources._tar import members
+from asyncloader.sources._sharded import tar as _tar
+from asyncloader.sources._sharded.shardplan import Slice
+from asyncloader.sources._sharded.tar import members
 from tests.helpers.tars import (
     BLOCK,
     archive,

@@ -35,7 +35,7 @@ from asyncloader._base import (
 TAILS = ("pad", "drop")
 
 #: One interruption of a map-style epoch: the world size then, samples each rank had taken,
-#: its tail (a sharded stream's is ``asyncloader.sources._remainder.StreamCut``).
+#: its tail (a sharded stream's is ``asyncloader.sources._sharded.remainder.StreamCut``).
 SamplerCut = tuple[int, int, str]
 
 

@@ -12,7 +12,7 @@ from asyncloader.sources._http import HTTPSource
 from asyncloader.sources._mix.mix import Mix
 from asyncloader.sources._objectstore import ObjectStoreSource
 from asyncloader.sources._retry import Retry
-from asyncloader.sources._sharded import ShardedSource
+from asyncloader.sources._sharded.source import ShardedSource
 from asyncloader.sources._skips import Skipped, drop_skipped, pass_skipped
 
 __all__ = [

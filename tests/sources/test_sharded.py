@@ -9,7 +9,7 @@ import torch.distributed
 
 from asyncloader import AsyncLoader, FetchError
 from asyncloader.sources import Retry, ShardedSource
-from asyncloader.sources._shardplan import plan
+from asyncloader.sources._sharded.shardplan import plan
 from tests.helpers import shard_set
 from tests.servers import Faults
 

@@ -10,7 +10,7 @@ import torch
 
 from asyncloader import AsyncLoader
 from asyncloader.sources import Retry, ShardedSource
-from asyncloader.sources._stream import DEPTH, ShardStream
+from asyncloader.sources._sharded.stream import DEPTH, ShardStream
 from tests.helpers import shard_set
 from tests.helpers.contracts import check_resume
 from tests.helpers.sources import as_worker

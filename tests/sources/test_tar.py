@@ -7,7 +7,7 @@ import tarfile
 import pytest
 
 from asyncloader.sources._retry import Permanent, Transient
-from asyncloader.sources._tar import members
+from asyncloader.sources._sharded.tar import members
 from tests.helpers import make_shard
 
 

@@ -18,7 +18,7 @@ Tail (``distributed_tail``): ``"drop"`` (above) cuts the sequence to ``world * p
 ``"pad"`` makes ``per = ceil(total / world)`` and extends the sequence to ``world * per`` by
 repeating its head, so every sample comes, fewer than ``world`` of them twice.
 
-The same rule splits what an interrupted epoch had left (:mod:`._remainder`): a sequence of
+The same rule splits what an interrupted epoch had left (:mod:`.remainder`): a sequence of
 *runs*, each a shard's remaining sample indices, laid end to end in the epoch's order.
 
 This needs the number of samples in each shard (``samples_per_shard``, or counted by reading

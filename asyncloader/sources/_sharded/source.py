@@ -5,15 +5,15 @@
     plan (this rank's slices, seed + epoch) ─► shard readers (≤ shard_concurrency at once)
         each: ranged stream ─► tar members ─► samples (grouped by key) ─► decode
                                         │ a queue per slice (≤ DEPTH samples), taken
-                                        ▼ round robin in plan order (._interleave)
+                                        ▼ round robin in plan order (.interleave)
                          shuffle buffer (≤ shuffle_buffer samples) ─► loader
 
 The order depends only on (seed, epoch, rank), so :meth:`ShardedSource.load_state_dict`
 can resume an epoch exactly; at another world size, the new ranks split what the old ones
-had left (:mod:`._remainder`). Memory bound: at most ``shuffle_buffer + (2 * DEPTH + 2) *
-shard_concurrency`` samples are held (see :mod:`._stream`), plus one chunk per reader.
+had left (:mod:`.remainder`). Memory bound: at most ``shuffle_buffer + (2 * DEPTH + 2) *
+shard_concurrency`` samples are held (see :mod:`.stream`), plus one chunk per reader.
 A reader whose stream breaks resumes at the tar header after the last whole member (a Range
-read), so no member is lost or read twice; see :mod:`._retry` for the budget.
+read), so no member is lost or read twice; see :mod:`.._retry` for the budget.
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ from asyncloader.sources._http import HTTPClient
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, ClientSource, check_common
 from asyncloader.sources._objectstore import StoreClient
 from asyncloader.sources._redact import Redactor, redact_exception, redact_url, url_secrets
-from asyncloader.sources._remainder import (
+from asyncloader.sources._retry import Attempts, Retry, describe_cause
+from asyncloader.sources._sharded.remainder import (
     StreamCut,
     Streams,
     moved_state,
     read_picks,
     remainder_plan,
 )
-from asyncloader.sources._retry import Attempts, Retry, describe_cause
-from asyncloader.sources._shardplan import (
+from asyncloader.sources._sharded.shardplan import (
     Slice,
     check_shuffle,
     check_tail,
@@ -58,9 +58,9 @@ from asyncloader.sources._shardplan import (
     samples_per_rank,
     shard_order,
 )
+from asyncloader.sources._sharded.stream import SKIPPED_POSITION, Position, ShardStream
+from asyncloader.sources._sharded.tar import Grouping, IgnoredMembers, members, split_key
 from asyncloader.sources._skips import Skips
-from asyncloader.sources._stream import SKIPPED_POSITION, Position, ShardStream
-from asyncloader.sources._tar import Grouping, IgnoredMembers, members, split_key
 
 if TYPE_CHECKING:
     from asyncloader.sources._cache.disk_cache import DiskCache
@@ -263,7 +263,7 @@ class ShardedSource(ClientSource):
         ``yielded`` counts the samples handed out by the current (or next) iteration,
         skipped ones included; ``shuffle_initial``, ``worker_split`` and ``distributed_tail``
         are the rules that iteration's order follows; ``history`` lists the epoch's
-        interruptions at other world sizes (see :mod:`._remainder`), whose remainder the
+        interruptions at other world sizes (see :mod:`.remainder`), whose remainder the
         iteration goes over. Valid between any two samples; JSON-friendly.
         """
         pos = self._position
@@ -286,7 +286,7 @@ class ShardedSource(ClientSource):
 
         The same world size: the order that follows is the one the uninterrupted epoch had.
         With ``samples_per_shard`` only what is still needed is read again (see
-        :mod:`._stream`); without it, the epoch is read from its start and the first samples
+        :mod:`.stream`); without it, the epoch is read from its start and the first samples
         dropped. Ranks step together and every rank (and each of its workers) holds the same
         number of samples, so a state saved by any rank continues this rank's part of the
         epoch at the same place.
@@ -333,7 +333,7 @@ class ShardedSource(ClientSource):
         ``fetch_in_workers`` (in worker order; None for a worker that had handed out nothing),
         else one. Any rank's will do: every rank's worker ``w`` stands at the same place.
         ``AsyncLoader(distributed=True)`` calls this itself when it resumes at another world
-        size. The epoch's rule (:mod:`._remainder`): the new ranks split what every old
+        size. The epoch's rule (:mod:`.remainder`): the new ranks split what every old
         stream had not handed out, as a fresh epoch is split, with this source's
         ``distributed_tail``.
 
@@ -418,7 +418,7 @@ class ShardedSource(ClientSource):
 
     def __aiter__(self) -> AsyncIterator[Any]:
         """This rank's samples; inside a worker of ``fetch_in_workers=True``, only the worker's
-        part (equal sample counts, see :mod:`._shardplan`), shuffled with its own RNG."""
+        part (equal sample counts, see :mod:`.shardplan`), shuffled with its own RNG."""
         rank, world = resolve_ranks(self._rank, self._world)
         start, split, tail = 0, "samples", self._tail
         initial: int | None = self._initial
@@ -498,9 +498,9 @@ class ShardedSource(ClientSource):
     async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
         """The raw samples of one slice; resumes a broken stream after its last whole member.
 
-        Members are grouped by :class:`._tar.Grouping` (a repeated, reserved or one too many
+        Members are grouped by :class:`.tar.Grouping` (a repeated, reserved or one too many
         field is a permanent failure); what is not a regular file is read past and logged
-        (:class:`._tar.IgnoredMembers`)."""
+        (:class:`.tar.IgnoredMembers`)."""
         url = self._urls[slc.shard]
         target = self._client.shown(url)
         attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))

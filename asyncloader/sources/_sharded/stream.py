@@ -3,7 +3,7 @@
 ::
 
     launcher (plan order) ─► reader per slice ─► its own queue (≤ DEPTH samples)
-                                                      │ taken round robin (_interleave)
+                                                      │ taken round robin (interleave)
                                                       ▼
                                   shuffle buffer (≤ shuffle_buffer) ─► __anext__
 
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncloader._base import unwrap_group
-from asyncloader.sources._interleave import Interleave, draw, fill_target, rewind
-from asyncloader.sources._remainder import StreamCut
-from asyncloader.sources._shardplan import Slice
+from asyncloader.sources._sharded.interleave import Interleave, draw, fill_target, rewind
+from asyncloader.sources._sharded.remainder import StreamCut
+from asyncloader.sources._sharded.shardplan import Slice
 
 DEPTH = 2
 SKIPPED_POSITION = (
@@ -62,13 +62,13 @@ class Position:
     yielded: int = 0
     #: Samples in the shuffle buffer before its first draw (None: a full buffer).
     initial: int | None = None
-    #: How a worker's part of the rank was chosen (see ``_shardplan.plan``): ``"samples"``
+    #: How a worker's part of the rank was chosen (see ``shardplan.plan``): ``"samples"``
     #: (equal sample counts) or ``"slices"`` (every n-th slice, before shard counts).
     worker_split: str = "samples"
     #: How the ranks' shares end when they do not divide evenly: ``"drop"`` or ``"pad"``.
     tail: str = "drop"
     #: The epoch's interruptions at other world sizes, oldest first: this pass is over what
-    #: they left (see :mod:`._remainder`); empty for a whole epoch.
+    #: they left (see :mod:`.remainder`); empty for a whole epoch.
     history: list[StreamCut] = field(default_factory=list)
 
 
@@ -78,7 +78,7 @@ class _Failed:
 
 
 class ShardStream:
-    """One pass over a rank's slices, in the fixed order of :mod:`._interleave`.
+    """One pass over a rank's slices, in the fixed order of :mod:`.interleave`.
 
     Args:
         slices: This rank's slices, in plan order.
@@ -89,7 +89,7 @@ class ShardStream:
         concurrency: Slices read at once, and slots of the interleave.
         position: Counts the samples handed out; its ``yielded`` is where this pass starts,
             its ``initial`` how full the buffer gets before the first draw (see
-            :mod:`._interleave`).
+            :mod:`.interleave`).
 
     Invariant: ``len(buffer) <= buffer_size``, each queue holds ``<= DEPTH`` samples.
     """

@@ -2,10 +2,10 @@
 
 Rule (the same on every rank, from the state alone, so the new ranks agree without talking):
 an epoch starts as the sequence of its shards' samples laid end to end in the epoch's shard
-order (:mod:`._shardplan`). A :class:`StreamCut` records an interruption: the world size then and,
+order (:mod:`.shardplan`). A :class:`StreamCut` records an interruption: the world size then and,
 per worker, the samples each of a rank's streams had handed out (every rank's worker ``w``
 holds the same count and the ranks step together, so one rank's counts are every rank's).
-Replaying every old stream on positions (:func:`._interleave.rewind`) says which samples it
+Replaying every old stream on positions (:func:`.interleave.rewind`) says which samples it
 had handed out: those taken by its interleave and no longer in its shuffle buffer. The
 *remainder* is the sequence without them, in the same order; a sample a padded tail gave
 twice is gone once either copy went out. The new ranks split the remainder as a fresh epoch
@@ -29,8 +29,8 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asyncloader.sources._interleave import rewind
-from asyncloader.sources._shardplan import Run, Slice, check_tail, split
+from asyncloader.sources._sharded.interleave import rewind
+from asyncloader.sources._sharded.shardplan import Run, Slice, check_tail, split
 
 #: ``rng(rank, worker, workers, cuts)``: the shuffle RNG of that stream of an epoch already cut
 #: ``cuts`` times (None without shuffling).
@@ -92,7 +92,7 @@ def stream_slices(
     tail: str,
 ) -> list[Slice]:  # fmt: skip
     """The slices of one stream: its rank's share, then its worker's part of it, by sample
-    counts (``"samples"``) or every ``workers``-th slice (``"slices"``, see ``_shardplan``)."""
+    counts (``"samples"``) or every ``workers``-th slice (``"slices"``, see ``shardplan``)."""
     if split_rule == "slices":
         return split(runs, rank, world, 0, 1, tail)[worker::workers]
     return split(runs, rank, world, worker, workers, tail)
