@@ -36,13 +36,13 @@ def load_factory(spec: str) -> Callable[[], Any]:
         raise ValueError(f"expected module:factory, got {spec!r}")
     if "" not in sys.path:
         sys.path.insert(0, "")
-    factory = getattr(importlib.import_module(module_name), name)
+    factory: object = getattr(importlib.import_module(module_name), name)
     if not callable(factory):
         raise TypeError(f"{spec} is a {type(factory).__qualname__}, not a callable")
     return factory
 
 
-def run(loader: AsyncLoader, batches: int, step_s: float = 0.0, out: Any = None) -> str:
+def run(loader: AsyncLoader[Any], batches: int, step_s: float = 0.0, out: Any = None) -> str:
     """Takes up to ``batches`` batches (``step_s`` of sleep after each, as a training step),
     showing progress on ``out`` (stderr); returns the loader's report."""
     out = out or sys.stderr
@@ -69,7 +69,7 @@ def run(loader: AsyncLoader, batches: int, step_s: float = 0.0, out: Any = None)
         return loader.report()
 
 
-def dump_state(loader: AsyncLoader) -> str:
+def dump_state(loader: AsyncLoader[Any]) -> str:
     """The state of ``loader``'s running epochs, for a report of a hang: per stage what is in
     flight, queued and parked (fetch, engine, reorder buffer, device stage, consumer), the
     limits and the window, the last moves of the ``"auto"`` tuners, then the tasks on the

@@ -254,7 +254,9 @@ class Failure:
         return (_rebuild, (type(self.exc), self.exc.args, state, self.tb))
 
 
-def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict, tb: str) -> Failure:
+def _rebuild(
+    cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any], tb: str
+) -> Failure:
     """Recreates the exception in the receiving process, with the sender's traceback as cause."""
     try:
         exc = cls(*args)

@@ -19,7 +19,7 @@ import random
 import threading
 import zlib
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -64,7 +64,10 @@ def sample_seed(epoch_seed: int, key: Any) -> int:
 
 def rng_states() -> tuple[Any, ...]:
     """The states of the global ``torch`` (CPU), ``random`` and ``numpy`` RNGs, to compare."""
-    kind, key, pos, gauss, cached = np.random.get_state()
+    # The global RandomState is an MT19937, whose legacy state is always this tuple.
+    kind, key, pos, gauss, cached = cast(
+        "tuple[str, np.ndarray[Any, Any], int, int, float]", np.random.get_state()
+    )
     return (
         torch.initial_seed(),
         bytes(torch.get_rng_state().numpy()),

@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from asyncloader._base.compat import thread_pools_locked
 
@@ -139,7 +139,7 @@ def loops_parked(timeout: float = PARK_S) -> Iterator[None]:
             _parked -= 1
 
 
-def finalize_here(obj: object, fn: Callable[..., Any], *args: Any) -> weakref.finalize:
+def finalize_here(obj: object, fn: Callable[..., Any], *args: Any) -> weakref.finalize[..., object]:
     """``weakref.finalize(obj, fn, *args)`` that calls ``fn`` only in the process that made
     it. A forked worker inherits every object of the training process; collecting one there
     must not stop, join or wait for threads and processes that are the training process's
@@ -219,7 +219,7 @@ def call_in_thread(fn: Callable[[], T], name: str) -> T:
     result, exc = box[0]
     if exc is not None:
         raise exc
-    return result
+    return cast("T", result)  # no exception: ``fn`` returned it
 
 
 async def run_in_thread(fn: Callable[[], T], name: str) -> T:

@@ -203,17 +203,16 @@ def resolve_mp_context(mp_context: Any, num_workers: int, auto: bool = False) ->
 def resolve_device(device: Any, pin_memory: bool) -> torch.device | None:
     """Checks that ``device`` exists here; warns once when pinning is impossible."""
     check_instance("device", device, (str, torch.device), "a str or torch.device")
-    if device is not None:
-        device = torch.device(device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={str(device)!r} but CUDA is not available on this machine")
+    resolved = None if device is None else torch.device(device)
+    if resolved is not None and resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(resolved)!r} but CUDA is not available on this machine")
     if pin_memory and not torch.cuda.is_available():
         warnings.warn(
             "pin_memory=True but CUDA is not available: batches are passed through unpinned",
             UserWarning,
             stacklevel=5,
         )
-    return device
+    return resolved
 
 
 def check_no_indices(loader: str, name: str, value: Any) -> None:

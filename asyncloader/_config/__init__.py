@@ -6,9 +6,10 @@ Imports: :mod:`asyncloader._base`, :mod:`asyncloader.errors` and its own modules
 
 from __future__ import annotations
 
+from asyncloader._base import remainder_len
 from asyncloader._config.defaults import CAP, PREFETCH_CAP, PREFETCH_START
 from asyncloader._config.options import Options
-from asyncloader._config.rank_sampler import TAILS, RankSampler, SamplerCut, remainder_len
+from asyncloader._config.rank_sampler import TAILS, RankSampler, SamplerCut
 
 __all__ = [
     "CAP",

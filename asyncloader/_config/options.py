@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import (
@@ -338,6 +338,11 @@ class Options:
         return self.fetch_in_workers and not self.kind.is_map
 
     @property
+    def io_cap(self) -> int:
+        """``io_concurrency`` once built: always an int (``"auto"`` became the cap)."""
+        return cast("int", self.io_concurrency)
+
+    @property
     def fetch_concurrency(self) -> int:
         """Samples at most being fetched at once (across the workers with
         ``fetch_in_workers``): a sync ``__getitem__`` runs in ``fetch_threads`` threads (one
@@ -345,8 +350,8 @@ class Options:
         :attr:`batch_fetch`, calls at once, each a whole batch."""
         if self.kind is SourceKind.MAP:
             threads = self.fetch_threads * (self.num_workers if self.fetch_in_workers else 1)
-            return min(self.io_concurrency, threads)
-        return self.io_concurrency
+            return min(self.io_cap, threads)
+        return self.io_cap
 
     @property
     def prefetch_bound(self) -> int:

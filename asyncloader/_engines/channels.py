@@ -237,7 +237,7 @@ class Channels(Requests):
         """Names the workers that died, how, and the batches each held."""
         notes = []
         for i, (how, held) in sorted(self._dead.items()):
-            seqs = [batch_of(r) for r in held if isinstance(r, RunBatch)]
+            seqs = [r.seq for r in held if isinstance(r, RunBatch)]
             streams = [batch_of(r) for r in held if isinstance(r, NextOfStream)]
             if seqs:
                 what = ", ".join(

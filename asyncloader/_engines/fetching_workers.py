@@ -51,7 +51,7 @@ def worker_config(options: Options, share: int) -> WorkerConfig:
     once (at most, under ``io_concurrency="auto"``, with their share of the budget)."""
     budget = None
     if options.auto_io and options.memory_budget is not None:
-        budget = max(1, options.memory_budget * share // max(1, options.io_concurrency))
+        budget = max(1, options.memory_budget * share // max(1, options.io_cap))
     return WorkerConfig(
         kind=options.kind,
         io_limit=share,
@@ -66,7 +66,7 @@ def worker_config(options: Options, share: int) -> WorkerConfig:
 def worker_specs(options: Options, plan: BatchPlan, base_seed: int, n: int) -> list[WorkerSpec]:
     """What each of ``n`` fetching workers starts with: ``io_concurrency`` split among them
     (the first get one more)."""
-    total = options.io_concurrency
+    total = options.io_cap
     return [
         WorkerSpec(
             i,

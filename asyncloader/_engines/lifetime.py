@@ -151,7 +151,8 @@ class Workers:
 
         def new() -> Pool:
             if options.engine is not None:
-                return options.engine.bind(options, plan, base_seed)
+                bound: Pool = options.engine.bind(options, plan, base_seed)
+                return bound
             kind = WorkerGroup if options.fetch_in_workers else ProcessPool
             return kind(options, plan, base_seed, ctx)
 

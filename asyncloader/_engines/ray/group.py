@@ -88,7 +88,8 @@ class RayWorkers:
 
     def _restarts(self) -> bool:
         """Ray restarts a dead actor (``max_restarts``): the long poll re-sends its requests."""
-        return self._engine.actor_options.get("max_restarts", 0) != 0
+        restarts: int = self._engine.actor_options.get("max_restarts", 0)
+        return restarts != 0
 
     def _connect(self) -> ActorSockets | None:
         """Every actor serving a socket of this process, or ``None`` (and none serving one)

@@ -18,7 +18,7 @@ from ray.exceptions import RayActorError
 
 from asyncloader._base import DESCEND, Trimmed, map_structure
 from asyncloader._engines import Requests, complete
-from asyncloader._worker import Request, RunBatch, TensorValue, WithArrays, batch_of
+from asyncloader._worker import Request, RunBatch, TensorValue, WithArrays
 
 _tokens = itertools.count()
 _NO_LOOP = object()  # a flush is scheduled off any loop
@@ -108,7 +108,7 @@ class LongPoll(Requests):
     def _request(self, worker: int, request: Request) -> Future[Any]:
         """Queues a request for ``worker``; :meth:`_flush` sends the queue after the caller's
         event loop ends its turn (at once when called off a loop)."""
-        request = _Request(next(_tokens), request, Future())
+        pending = _Request(next(_tokens), request, Future())
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -117,17 +117,17 @@ class LongPoll(Requests):
             if self._dead or self._closed:
                 raise BrokenProcessPool("a Ray actor died; the workers take no more work")
             self._load[worker] += 1
-            self._held[request.number] = (worker, request)
-            self._outbox[worker].append(request)
+            self._held[pending.number] = (worker, pending)
+            self._outbox[worker].append(pending)
             self._loop = loop
             if loop is not None and self._flush_on is loop:
-                return request.out
+                return pending.out
             self._flush_on = loop
         if loop is None:
             self._flush()
         else:
             loop.call_soon(self._flush)
-        return request.out
+        return pending.out
 
     def _flush(self) -> None:
         """Sends each actor the call due to it (:meth:`_due`), carrying the actor's queue."""
@@ -238,7 +238,7 @@ class LongPoll(Requests):
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         notes = []
         for worker, (why, held) in sorted(self._dead.items()):
-            seqs = [batch_of(r) for r in held if isinstance(r, RunBatch)]
+            seqs = [r.seq for r in held if isinstance(r, RunBatch)]
             what = (
                 ", ".join(f"batch {s} (indices {list(inflight.get(s, ()))[:16]})" for s in seqs)
                 or "its own iteration of the source"
