@@ -168,7 +168,8 @@ def _run(
     ``Exception`` is left out; collate errors fail the batch (and a ``__getitems__`` error that
     no sample's ``__getitem__`` repeats: see
     :func:`~asyncloader._worker.getitems.getitems_skipping`). Without it the first error fails
-    the batch. The path is the same; only :func:`_each` looks at ``skips``, once per stage.
+    the batch. The path is the same: ``skips`` (``None`` when not skipping) is looked at once per
+    stage, never per sample when not skipping.
 
     Returns:
         The batch; or the :class:`Failure` of the stage (and sample) that raised; or, when a
@@ -178,10 +179,14 @@ def _run(
     """
     skips: list[Skip] | None = [] if plan.skip else None
     keys: Sequence[Any] = indices
+    if samples is None and plan.columns is not None:
+        batch = _read_columns(plan, seq, indices)
+        if batch is not _NOT_COLUMNS:
+            return batch
     if samples is None:
         fetched = _fetch(plan, seq, indices, epoch_seed, skips)
-        if not isinstance(fetched, tuple):
-            return fetched  # a Failure, or a batch read as columns
+        if isinstance(fetched, Failure):
+            return fetched
         keys, samples = fetched
     if plan.transform is not None:
         done = _each("transform", plan.transform, seq, indices, keys, samples, epoch_seed, skips)
@@ -201,31 +206,43 @@ def _run(
     return Trimmed(batch, skips) if skips else batch
 
 
+_NOT_COLUMNS = object()  # what _read_columns returns for a batch it does not read
+
+
+def _read_columns(plan: BatchPlan, seq: int, indices: Sequence[Any]) -> Any:
+    """The batch read as columns by ``plan.columns`` (never set with ``on_error="skip"``),
+    ready to leave the process, or its :class:`Failure`; ``_NOT_COLUMNS`` where it is not one
+    the reader makes."""
+    assert plan.columns is not None
+    stage = "fetch"
+    try:
+        batch = plan.columns.read(plan.dataset, indices)
+        if batch is None:
+            return _NOT_COLUMNS
+        stage = "share"
+        return leave_worker(batch)
+    except Exception as exc:
+        return Failure.capture(exc, stage, seq, indices)
+
+
 def _fetch(
     plan: BatchPlan,
     seq: int,
     indices: Sequence[Any],
     epoch_seed: int | None,
     skips: list[Skip] | None,
-) -> tuple[Sequence[Any], list[Any]] | Any:
+) -> tuple[Sequence[Any], list[Any]] | Failure:
     """The samples of one batch and the indices they belong to (``indices`` itself unless
-    ``skips`` took some out); else a :class:`Failure`, or the whole batch, shared, where
-    ``plan.columns`` reads it as columns."""
-    stage = "fetch"
-    try:
-        if skips is None and plan.columns is not None:
-            batch = plan.columns.read(plan.dataset, indices)
-            if batch is not None:
-                stage = "share"
-                return leave_worker(batch)
-        if plan.getitems and skips is None:
-            return indices, getitems(plan.dataset, indices, plan.transform is not None)
-        if plan.getitems:
+    ``skips`` took some out), or the :class:`Failure` of the fetch."""
+    if plan.getitems:
+        try:
+            if skips is None:
+                return indices, getitems(plan.dataset, indices, plan.transform is not None)
             kept, left_out = getitems_skipping(plan.dataset, seq, indices)
-            skips.extend(left_out)
-            return [index for index, _ in kept], [sample for _, sample in kept]
-    except Exception as exc:
-        return Failure.capture(exc, stage, seq, indices)
+        except Exception as exc:
+            return Failure.capture(exc, "fetch", seq, indices)
+        skips.extend(left_out)
+        return [index for index, _ in kept], [sample for _, sample in kept]
     getitem = plan.dataset.__getitem__
     return _each("fetch", getitem, seq, indices, indices, indices, epoch_seed, skips)
 
