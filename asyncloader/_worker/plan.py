@@ -244,7 +244,7 @@ def _fetch(
         skips.extend(left_out)
         return [index for index, _ in kept], [sample for _, sample in kept]
     getitem = plan.dataset.__getitem__
-    return _each("fetch", getitem, seq, indices, indices, indices, epoch_seed, skips)
+    return _each("fetch", getitem, seq, indices, indices, None, epoch_seed, skips)
 
 
 def _each(
@@ -253,12 +253,13 @@ def _each(
     seq: int,
     indices: Sequence[Any],
     keys: Sequence[Any],
-    values: Sequence[Any],
+    values: Sequence[Any] | None,
     epoch_seed: int | None,
     skips: list[Skip] | None,
 ) -> tuple[Sequence[Any], list[Any]] | Failure:
     """``fn`` over ``values`` one sample at a time, seeded by each one's index in ``keys``
-    (a fetch passes the indices as both): the indices kept and their results.
+    (``values`` ``None``: over the indices themselves, a fetch): the indices kept and their
+    results.
 
     Without ``skips`` the first error returns the :class:`Failure` of that sample, and the loop
     does no more per sample than the call; with ``skips`` a sample that raises is left out,
@@ -267,13 +268,17 @@ def _each(
     if skips is None:
         out, index = [], None
         try:
-            for index, value in zip(keys, values, strict=False):
-                out.append(call_seeded(epoch_seed, index, fn, value))
+            if values is None:
+                for index in keys:
+                    out.append(call_seeded(epoch_seed, index, fn, index))
+            else:
+                for index, value in zip(keys, values, strict=False):
+                    out.append(call_seeded(epoch_seed, index, fn, value))
         except Exception as exc:
             return Failure.capture(exc, stage, seq, indices, index)
         return keys, out
     kept, out = [], []
-    for index, value in zip(keys, values, strict=True):
+    for index, value in zip(keys, keys if values is None else values, strict=True):
         try:
             out.append(call_seeded(epoch_seed, index, fn, value))
         except Exception as exc:
