@@ -35,8 +35,6 @@ flips repeat with the same seed whatever the number of workers.
 
 from __future__ import annotations
 
-import io
-import math
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -45,7 +43,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from asyncloader._images import decode_box, read_header
+from asyncloader._images import (
+    center_box,
+    check_channels,
+    check_choices,
+    check_formats,
+    check_max_pixels,
+    check_pair,
+    check_pixels,
+    check_size,
+    decode_box,
+    drafted,
+    open_image,
+    random_resized_box,
+    read_header,
+    reduction,
+    split_sample,
+)
 from asyncloader._worker import batch_tensor, empty_huge, shares_batches
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -58,137 +72,6 @@ DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP")
 DEFAULT_MAX_PIXELS = 8192 * 8192
 
 _OUTPUTS = {"float32": torch.float32, "uint8": torch.uint8}
-_DECODERS = ("auto", "pillow")
-_DRAFT_SCALES = (8, 4, 2)  # the reductions libjpeg decodes at directly
-
-
-def _pillow() -> Any:
-    """``PIL.Image``, or an ImportError naming the extra that installs it."""
-    try:
-        from PIL import Image
-    except ImportError as exc:
-        raise ImportError(
-            "ImageBatch decodes with Pillow: pip install 'asyncloader[images]' (or pillow)"
-        ) from exc
-    return Image
-
-
-def _size(size: Any) -> tuple[int, int]:
-    if isinstance(size, int) and not isinstance(size, bool):
-        size = (size, size)
-    if (
-        not isinstance(size, tuple | list)
-        or len(size) != 2
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)
-    ):
-        raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
-    return int(size[0]), int(size[1])
-
-
-def _check_choices(
-    crop: str, output: str, flip: float, center_fraction: float, decoder: str
-) -> None:
-    if crop not in ("random", "center"):
-        raise ValueError(f"crop must be 'random' or 'center', got {crop!r}")
-    if output not in _OUTPUTS:
-        raise ValueError(f"output must be 'float32' or 'uint8', got {output!r}")
-    if not 0.0 <= float(flip) <= 1.0:
-        raise ValueError(f"flip must be a probability in [0, 1], got {flip!r}")
-    if not 0.0 < float(center_fraction) <= 1.0:
-        raise ValueError(f"center_fraction must be in (0, 1], got {center_fraction!r}")
-    if decoder not in _DECODERS:
-        raise ValueError(f"decoder must be 'auto' or 'pillow', got {decoder!r}")
-
-
-def _formats(value: Any) -> tuple[str, ...]:
-    """Pillow format names, upper case, each one Pillow opens (when Pillow is installed)."""
-    try:
-        names = (value,) if isinstance(value, str) else tuple(value)
-    except TypeError:
-        raise TypeError(f"formats must be a sequence of format names, got {value!r}") from None
-    if not names:
-        raise ValueError("formats must name at least one image format, e.g. ('JPEG', 'PNG')")
-    if not all(isinstance(name, str) for name in names):
-        raise TypeError(f"formats must be format names (str), got {value!r}")
-    names = tuple(dict.fromkeys(name.upper() for name in names))
-    _check_known(names)
-    return names
-
-
-def _check_known(names: tuple[str, ...]) -> None:
-    """Raises ValueError for a name Pillow opens no format by, every plugin registered;
-    without Pillow nothing is checked (a wrong name then fails at the first decode)."""
-    try:
-        Image = _pillow()
-    except ImportError:
-        return
-    Image.init()
-    unknown = [name for name in names if name not in Image.OPEN]
-    if unknown:
-        raise ValueError(
-            f"formats: Pillow opens no format named {unknown}; it opens {sorted(Image.OPEN)}"
-        )
-
-
-def _max_pixels(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"max_pixels must be an int, got {type(value).__qualname__}")
-    if value < 1:
-        raise ValueError(f"max_pixels must be positive, got {value}")
-    return value
-
-
-def _pair(name: str, value: Sequence[float]) -> tuple[float, float]:
-    try:
-        low, high = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a pair of numbers, got {value!r}") from None
-    if not 0 < low <= high:
-        raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {value!r}")
-    return low, high
-
-
-def _channels(name: str, value: Sequence[float]) -> np.ndarray:
-    array = np.asarray(value, dtype=np.float32).reshape(-1)
-    if array.shape != (3,):
-        raise ValueError(f"{name} must hold 3 numbers (R, G, B), got {value!r}")
-    return array
-
-
-def random_resized_box(
-    width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float]
-) -> tuple[int, int, int, int]:
-    """torchvision's ``RandomResizedCrop.get_params`` on Python's ``random``: ``(left, top,
-    right, bottom)`` of a crop covering ``scale`` of the area with aspect ``ratio`` (ten tries,
-    then the centre crop closest to ``ratio``)."""
-    area = width * height
-    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(10):
-        target = area * random.uniform(*scale)
-        aspect = math.exp(random.uniform(log_low, log_high))
-        w = round(math.sqrt(target * aspect))
-        h = round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            top = random.randint(0, height - h)
-            left = random.randint(0, width - w)
-            return left, top, left + w, top + h
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        w, h = width, round(width / ratio[0])
-    elif in_ratio > ratio[1]:
-        w, h = round(height * ratio[1]), height
-    else:
-        w, h = width, height
-    left, top = (width - w) // 2, (height - h) // 2
-    return left, top, left + w, top + h
-
-
-def center_box(width: int, height: int, fraction: float) -> tuple[int, int, int, int]:
-    """The centred square of side ``fraction`` of the shorter side (``Resize(size / fraction)``
-    then ``CenterCrop(size)``, as evaluation usually does)."""
-    side = max(1, round(min(width, height) * fraction))
-    left, top = (width - side) // 2, (height - side) // 2
-    return left, top, left + side, top + side
 
 
 class ImageBatch:
@@ -256,28 +139,28 @@ class ImageBatch:
         formats: Sequence[str] = DEFAULT_FORMATS,
         max_pixels: int = DEFAULT_MAX_PIXELS,
     ) -> None:
-        self.size = _size(size)
-        _check_choices(crop, output, flip, center_fraction, decoder)
-        std_array = _channels("std", std)
+        self.size = check_size(size)
+        check_choices(crop, output, flip, center_fraction, decoder)
+        std_array = check_channels("std", std)
         if (std_array <= 0).any():
             raise ValueError(f"std must be positive, got {std!r}")
         self.crop = crop
-        self.scale = _pair("scale", scale)
-        self.ratio = _pair("ratio", ratio)
+        self.scale = check_pair("scale", scale)
+        self.ratio = check_pair("ratio", ratio)
         self.center_fraction = float(center_fraction)
         self.flip = float(flip)
         self.output = output
-        self.mean = tuple(float(m) for m in _channels("mean", mean))
+        self.mean = tuple(float(m) for m in check_channels("mean", mean))
         self.std = tuple(float(s) for s in std_array)
         self.draft = bool(draft)
         self.decoder = decoder
         self.image_keys = (image_key,) if isinstance(image_key, str) else tuple(image_key)
         self.label_key = label_key
-        self.formats = _formats(formats)
-        self.max_pixels = _max_pixels(max_pixels)
+        self.formats = check_formats(formats)
+        self.max_pixels = check_max_pixels(max_pixels)
         # float output = pixel * gain + bias, per channel, shaped to broadcast over CHW.
         self._gain = (1.0 / (255.0 * std_array)).astype(np.float32)[:, None, None]
-        self._bias = (-_channels("mean", mean) / std_array).astype(np.float32)[:, None, None]
+        self._bias = (-check_channels("mean", mean) / std_array).astype(np.float32)[:, None, None]
 
     def __repr__(self) -> str:
         return (
@@ -296,7 +179,7 @@ class ImageBatch:
         slots = images.numpy()
         labels: list[int] = []
         for i, sample in enumerate(samples):
-            data, label, key = self._parts(sample, f"sample {i}")
+            data, label, key = split_sample(sample, f"sample {i}", self.image_keys, self.label_key)
             try:
                 self._write(data, slots[i])
             except Exception as exc:
@@ -316,58 +199,14 @@ class ImageBatch:
         and at most ``max_pixels`` pixels; raises as :meth:`__call__` would for it, without
         decoding any pixel. As the loader's ``transform`` with ``on_error="skip"``, a refused
         image is left out of its batch instead of failing the batch."""
-        data, _, _ = self._parts(sample, "the sample")
+        data, _, _ = split_sample(sample, "the sample", self.image_keys, self.label_key)
         self._open(data).close()
         return sample
-
-    def _parts(self, sample: Any, name: str) -> tuple[Any, int | None, str | None]:
-        """``(encoded image, label or None, key or None)`` of one sample (``name`` says which,
-        in errors)."""
-        if isinstance(sample, bytes | bytearray | memoryview):
-            return sample, None, None
-        if isinstance(sample, tuple | list) and len(sample) == 2:
-            return sample[0], _label(sample[1]), None
-        if isinstance(sample, dict):
-            for key in self.image_keys:
-                if key in sample:
-                    label = None
-                    if self.label_key is not None and self.label_key in sample:
-                        label = _label(sample[self.label_key])
-                    return sample[key], label, sample.get("__key__")
-            raise KeyError(
-                f"ImageBatch: {name} has none of the image fields {self.image_keys} "
-                f"(it has {sorted(sample)}); set image_key"
-            )
-        raise TypeError(
-            f"ImageBatch: {name} is a {type(sample).__qualname__}; expected encoded image "
-            "bytes, an (image, label) pair or a dict"
-        )
 
     def _open(self, data: Any) -> Any:
         """The Pillow image of ``data``, opened (header read, no pixel decoded) by the plugins
         of ``formats`` only, and at most ``max_pixels`` pixels."""
-        Image = _pillow()
-        try:
-            image = Image.open(io.BytesIO(data), formats=self.formats)
-        except Image.UnidentifiedImageError as exc:
-            raise Image.UnidentifiedImageError(
-                f"ImageBatch: not an image of the formats it decodes ({', '.join(self.formats)});"
-                " other formats (EPS among them) are refused unless named in formats="
-            ) from exc
-        try:
-            self._check_pixels(*image.size)
-        except Image.DecompressionBombError:
-            image.close()
-            raise
-        return image
-
-    def _check_pixels(self, width: int, height: int) -> None:
-        """Raises Pillow's ``DecompressionBombError`` for an image over ``max_pixels``."""
-        if width * height > self.max_pixels:
-            raise _pillow().DecompressionBombError(
-                f"ImageBatch: the image is {width} x {height} = {width * height} pixels, over "
-                f"max_pixels={self.max_pixels} (read from its header; nothing was decoded)"
-            )
+        return open_image(data, self.formats, self.max_pixels)
 
     def _write(self, data: Any, slot: np.ndarray) -> None:
         """Decodes one image and writes it, cropped, resized, flipped and converted, into
@@ -397,9 +236,9 @@ class ImageBatch:
         header = read_header(data) if fast else None
         if header is None:
             return self._pillow_crop(data, None)
-        self._check_pixels(header.width, header.height)
+        check_pixels(header.width, header.height, self.max_pixels)
         box = self._box(header.width, header.height)
-        if not self.draft or _reduction(box, self.size) == 1:
+        if not self.draft or reduction(box, self.size) == 1:
             pixels = decode_box(data, header, box)
             if pixels is not None:
                 return pixels.copy()
@@ -418,56 +257,11 @@ class ImageBatch:
         if box is None:
             box = self._box(width, height)
         if self.draft and image.format == "JPEG":
-            box = self._drafted(image, box, width, height)
+            box = drafted(image, box, width, height, self.size)
         if image.mode != "RGB":
             image = image.convert("RGB")
         left, top, right, bottom = box
         return np.asarray(image)[top:bottom, left:right].copy()
-
-    def _drafted(
-        self, image: Any, box: tuple[int, int, int, int], width: int, height: int
-    ) -> tuple[int, int, int, int]:
-        """Asks libjpeg for the largest reduction ``s`` that leaves the crop at least ``size``;
-        returns the crop box in the reduced image's pixels, widened to whole reduced pixels
-        (so by less than ``s`` pixels of the full image on each side: a box that cut reduced
-        pixels would shift the crop by a fraction of a reduced pixel, visibly)."""
-        left, top, right, bottom = box
-        s = _reduction(box, self.size)
-        if s == 1:
-            return box
-        # Asking for (width // s, height // s) makes Pillow pick exactly s: the reduced image
-        # is ceil(width / s) x ceil(height / s), pixel p covering full pixels [p*s, (p+1)*s).
-        image.draft("RGB", (width // s, height // s))
-        new_w, new_h = image.size
-        if (new_w, new_h) == (-(-width // s), -(-height // s)):
-            return left // s, top // s, min(new_w, -(-right // s)), min(new_h, -(-bottom // s))
-        # Another scale than asked (not seen with libjpeg-turbo): the box scaled outward.
-        fx, fy = new_w / width, new_h / height
-        return (
-            int(left * fx),
-            int(top * fy),
-            min(new_w, math.ceil(right * fx)),
-            min(new_h, math.ceil(bottom * fy)),
-        )
-
-
-def _reduction(box: tuple[int, int, int, int], size: tuple[int, int]) -> int:
-    """The largest of libjpeg's reductions (8, 4, 2) that leaves the crop ``box`` at least
-    ``size`` (``(height, width)``) pixels each way; 1 when none does."""
-    left, top, right, bottom = box
-    out_h, out_w = size
-    for s in _DRAFT_SCALES:
-        if (right - left) // s >= out_w and (bottom - top) // s >= out_h:
-            return s
-    return 1
-
-
-def _label(value: Any) -> int:
-    if isinstance(value, bytes | bytearray):
-        return int(value.decode().strip())
-    if isinstance(value, str):
-        return int(value.strip())
-    return int(value)
 
 
 class Normalize:
@@ -481,11 +275,11 @@ class Normalize:
     def __init__(
         self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
     ) -> None:
-        std_array = _channels("std", std)
+        std_array = check_channels("std", std)
         if (std_array <= 0).any():
             raise ValueError(f"std must be positive, got {std!r}")
         gain = 1.0 / (255.0 * std_array)
-        bias = -_channels("mean", mean) / std_array
+        bias = -check_channels("mean", mean) / std_array
         self._gain = torch.from_numpy(gain.astype(np.float32)).view(1, 3, 1, 1)
         self._bias = torch.from_numpy(bias.astype(np.float32)).view(1, 3, 1, 1)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}

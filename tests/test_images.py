@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 import asyncloader.images as images_module
 from asyncloader import AsyncLoader
-from asyncloader._images import turbo
+from asyncloader._images import drafted, turbo
 from asyncloader.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -267,14 +267,14 @@ def test_draft_boxes_map_onto_the_reduced_image():
     batch = ImageBatch(224, draft=True)
     # The expected 1/4 scale: whole reduced pixels, widened outward.
     image = Drafted((1600, 1200), (400, 300))
-    assert batch._drafted(image, (275, 75, 1325, 1125), 1600, 1200) == (68, 18, 332, 282)
+    assert drafted(image, (275, 75, 1325, 1125), 1600, 1200, batch.size) == (68, 18, 332, 282)
     # Another scale than asked: the box is scaled by the actual factors, outward, clipped.
     image = Drafted((1600, 1200), (533, 400))
-    left, top, right, bottom = batch._drafted(image, (275, 75, 1325, 1125), 1600, 1200)
+    left, top, right, bottom = drafted(image, (275, 75, 1325, 1125), 1600, 1200, batch.size)
     assert (left, top) == (91, 25) and right == 442 and bottom == 375
     # A crop too small to reduce: the box is unchanged and nothing is asked of the decoder.
     image = Drafted((400, 300), (0, 0))
-    assert batch._drafted(image, (10, 10, 300, 250), 400, 300) == (10, 10, 300, 250)
+    assert drafted(image, (10, 10, 300, 250), 400, 300, batch.size) == (10, 10, 300, 250)
     assert image.size == (400, 300)
 
 

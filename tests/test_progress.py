@@ -3,7 +3,7 @@
 import threading
 
 from asyncloader._checkpoint.progress import Cursor, Progress
-from asyncloader._checkpoint.state import Resume
+from asyncloader._checkpoint.record import Resume
 
 
 def test_cursor_counts_in_order_and_beyond():

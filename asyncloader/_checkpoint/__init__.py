@@ -9,12 +9,12 @@ its own modules. Nothing inside a worker process imports it.
 
 from __future__ import annotations
 
+from asyncloader._checkpoint.checks import check_state
 from asyncloader._checkpoint.layout import placed
 from asyncloader._checkpoint.progress import Progress
-from asyncloader._checkpoint.shape import STATE_VERSION
-from asyncloader._checkpoint.state import (
+from asyncloader._checkpoint.rebasing import rebase
+from asyncloader._checkpoint.record import (
     Resume,
-    check_state,
     dataset_len,
     decode_rng,
     encode_rng,
@@ -22,10 +22,10 @@ from asyncloader._checkpoint.state import (
     fresh_state,
     next_epoch_state,
     ranks_state,
-    rebase,
     resume_point,
     warn_replayed,
 )
+from asyncloader._checkpoint.shape import STATE_VERSION
 
 __all__ = [
     "STATE_VERSION",

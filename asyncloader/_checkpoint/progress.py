@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncloader._checkpoint.state import Resume
+from asyncloader._checkpoint.record import Resume
 
 
 @dataclass
@@ -124,7 +124,7 @@ class Progress:
 
     def checkpoint(self) -> dict[str, Any]:
         """What the consumer has received of this epoch, JSON-friendly (see
-        ``_checkpoint.state``)."""
+        ``_checkpoint.record``)."""
         with self._lock:
             cursor = self._cursor
             source_state = None if self._states is None else self._states.get(cursor.next)

@@ -1,5 +1,5 @@
 """The shape of a saved state: each field's presence, type and range, checked before any of it
-is used (:func:`asyncloader._checkpoint.state.check_state` then checks it against the loader).
+is used (:func:`asyncloader._checkpoint.checks.check_state` then checks it against the loader).
 
 A state is plain data: dicts, lists, ints, bools, strs and ``None`` (the RNG state is a base64
 string), so JSON and ``torch.load(weights_only=True)`` keep it. A source's own states

@@ -39,7 +39,7 @@ class BatchPlan:
             batching).
         batched: ``False`` for ``batch_size=None``: each batch is a single sample.
         skip: ``on_error="skip"``: a sample whose fetch or transform raises is left out of its
-            batch (see :func:`run_skipping`).
+            batch (see :func:`_run`).
         getitems: The dataset's ``__getitems__`` fetches each batch in one call
             (:mod:`asyncloader._worker.getitems`).
         buffers: Shared-memory batch segments each worker process may keep for reuse, at
@@ -150,96 +150,139 @@ def run_batch(
         if seeds is not None:
             seeds.seed_batch(seq)
             epoch_seed = seeds.sample_seeds
-        run = run_skipping if plan.skip else _run
-        return run(plan, seq, indices, samples, epoch_seed)
+        return _run(plan, seq, indices, samples, epoch_seed)
     finally:
         mark_running(-1)
 
 
 def _run(
-    plan: BatchPlan, seq: int, indices: Sequence[Any], samples: list[Any] | None, epoch_seed: Any
-) -> Any:
-    """:func:`run_batch` without ``on_error="skip"``: the batch or the Failure of the stage
-    and sample that raised."""
-    stage, index = "fetch", None
-    try:
-        if samples is None and plan.columns is not None:
-            batch = plan.columns.read(plan.dataset, indices)
-            if batch is not None:
-                stage = "share"
-                return leave_worker(batch)
-        if samples is None and plan.getitems:
-            samples = getitems(plan.dataset, indices, plan.transform is not None)
-        elif samples is None:
-            samples = []
-            getitem = plan.dataset.__getitem__
-            for index in indices:
-                samples.append(call_seeded(epoch_seed, index, getitem, index))
-        if plan.transform is not None:
-            stage = "transform"
-            transform = plan.transform
-            for pos in range(len(samples)):
-                index = indices[pos]
-                samples[pos] = call_seeded(epoch_seed, index, transform, samples[pos])
-        stage, index = "collate", None
-        collate = worker_collate(plan.collate)
-        batch = call_seeded(epoch_seed, -1 - seq, collate, samples if plan.batched else samples[0])
-        stage = "share"
-        return leave_worker(batch)
-    except Exception as exc:
-        return Failure.capture(exc, stage, seq, indices, index)
-
-
-def run_skipping(
     plan: BatchPlan,
     seq: int,
     indices: Sequence[Any],
     samples: list[Any] | None,
     epoch_seed: int | None,
 ) -> Any:
-    """:func:`run_batch` under ``on_error="skip"``: a sample whose ``__getitem__`` or
-    ``transform`` raises an ``Exception`` is left out; collate errors fail the batch (and a
-    ``__getitems__`` error that no sample's ``__getitem__`` repeats: see
-    :func:`~asyncloader._worker.getitems.getitems_skipping`).
+    """:func:`run_batch` once seeded, skipping or not.
+
+    Under ``on_error="skip"`` a sample whose ``__getitem__`` or ``transform`` raises an
+    ``Exception`` is left out; collate errors fail the batch (and a ``__getitems__`` error that
+    no sample's ``__getitem__`` repeats: see
+    :func:`~asyncloader._worker.getitems.getitems_skipping`). Without it the first error fails
+    the batch. The path is the same: ``skips`` (``None`` when not skipping) is looked at once per
+    stage, never per sample when not skipping.
 
     Returns:
-        The batch when no sample was left out; else a :class:`Trimmed` around the batch of the
-        samples kept (or around the collate Failure, or empty when none was kept), with one
-        :class:`Skip` per sample left out.
+        The batch; or the :class:`Failure` of the stage (and sample) that raised; or, when a
+        sample was left out, a :class:`Trimmed` around the batch of the samples kept (or around
+        the collate Failure, or empty when none was kept), with one :class:`Skip` per sample
+        left out.
     """
-    skips: list[Skip] = []
-    kept: list[Any] = []
-    if samples is None and plan.getitems:
-        try:
-            kept, skips = getitems_skipping(plan.dataset, seq, indices)
-        except Exception as exc:
-            return Failure.capture(exc, "fetch", seq, indices)
-    elif samples is None:
-        getitem = plan.dataset.__getitem__
-        for index in indices:
-            try:
-                kept.append((index, call_seeded(epoch_seed, index, getitem, index)))
-            except Exception as exc:
-                skips.append(Skip.capture(exc, "fetch", seq, indices, index))
-    else:
-        kept = list(zip(indices, samples, strict=True))
+    skips: list[Skip] | None = [] if plan.skip else None
+    keys: Sequence[Any] = indices
+    if samples is None and plan.columns is not None:
+        batch = _read_columns(plan, seq, indices)
+        if batch is not _NOT_COLUMNS:
+            return batch
+    if samples is None:
+        fetched = _fetch(plan, seq, indices, epoch_seed, skips)
+        if isinstance(fetched, Failure):
+            return fetched
+        keys, samples = fetched
     if plan.transform is not None:
-        transform, transformed = plan.transform, []
-        for index, sample in kept:
-            try:
-                transformed.append((index, call_seeded(epoch_seed, index, transform, sample)))
-            except Exception as exc:
-                skips.append(Skip.capture(exc, "transform", seq, indices, index))
-        kept = transformed
-    if not kept:
+        done = _each("transform", plan.transform, seq, indices, keys, samples, epoch_seed, skips)
+        if isinstance(done, Failure):
+            return done
+        keys, samples = done
+    if skips is not None and not samples:
         return Trimmed(None, skips, empty=True)
     stage = "collate"
     try:
-        values = [sample for _, sample in kept]
-        collated = values if plan.batched else values[0]
-        batch = call_seeded(epoch_seed, -1 - seq, worker_collate(plan.collate), collated)
+        collate = worker_collate(plan.collate)
+        batch = call_seeded(epoch_seed, -1 - seq, collate, samples if plan.batched else samples[0])
         stage = "share"
         batch = leave_worker(batch)
     except Exception as exc:
         batch = Failure.capture(exc, stage, seq, indices)
     return Trimmed(batch, skips) if skips else batch
+
+
+_NOT_COLUMNS = object()  # what _read_columns returns for a batch it does not read
+
+
+def _read_columns(plan: BatchPlan, seq: int, indices: Sequence[Any]) -> Any:
+    """The batch read as columns by ``plan.columns`` (never set with ``on_error="skip"``),
+    ready to leave the process, or its :class:`Failure`; ``_NOT_COLUMNS`` where it is not one
+    the reader makes."""
+    assert plan.columns is not None
+    stage = "fetch"
+    try:
+        batch = plan.columns.read(plan.dataset, indices)
+        if batch is None:
+            return _NOT_COLUMNS
+        stage = "share"
+        return leave_worker(batch)
+    except Exception as exc:
+        return Failure.capture(exc, stage, seq, indices)
+
+
+def _fetch(
+    plan: BatchPlan,
+    seq: int,
+    indices: Sequence[Any],
+    epoch_seed: int | None,
+    skips: list[Skip] | None,
+) -> tuple[Sequence[Any], list[Any]] | Failure:
+    """The samples of one batch and the indices they belong to (``indices`` itself unless
+    ``skips`` took some out), or the :class:`Failure` of the fetch."""
+    if plan.getitems:
+        try:
+            if skips is None:
+                return indices, getitems(plan.dataset, indices, plan.transform is not None)
+            kept, left_out = getitems_skipping(plan.dataset, seq, indices)
+        except Exception as exc:
+            return Failure.capture(exc, "fetch", seq, indices)
+        skips.extend(left_out)
+        return [index for index, _ in kept], [sample for _, sample in kept]
+    getitem = plan.dataset.__getitem__
+    return _each("fetch", getitem, seq, indices, indices, None, epoch_seed, skips)
+
+
+def _each(
+    stage: str,
+    fn: Callable[[Any], Any],
+    seq: int,
+    indices: Sequence[Any],
+    keys: Sequence[Any],
+    values: Sequence[Any] | None,
+    epoch_seed: int | None,
+    skips: list[Skip] | None,
+) -> tuple[Sequence[Any], list[Any]] | Failure:
+    """``fn`` over ``values`` one sample at a time, seeded by each one's index in ``keys``
+    (``values`` ``None``: over the indices themselves, a fetch): the indices kept and their
+    results.
+
+    Without ``skips`` the first error returns the :class:`Failure` of that sample, and the loop
+    does no more per sample than the call; with ``skips`` a sample that raises is left out,
+    recorded there.
+    """
+    if skips is None:
+        out, index = [], None
+        try:
+            if values is None:
+                for index in keys:
+                    out.append(call_seeded(epoch_seed, index, fn, index))
+            else:
+                for index, value in zip(keys, values, strict=False):
+                    out.append(call_seeded(epoch_seed, index, fn, value))
+        except Exception as exc:
+            return Failure.capture(exc, stage, seq, indices, index)
+        return keys, out
+    kept, out = [], []
+    for index, value in zip(keys, keys if values is None else values, strict=True):
+        try:
+            out.append(call_seeded(epoch_seed, index, fn, value))
+        except Exception as exc:
+            skips.append(Skip.capture(exc, stage, seq, indices, index))
+        else:
+            kept.append(index)
+    return kept, out

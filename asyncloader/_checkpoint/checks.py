@@ -1,22 +1,11 @@
-"""Checkpoint state: what the consumer has seen, and how a new loader continues from it.
-
-The state is what the consumer has received, never what is in flight: prefetched batches are
-discarded and refetched on resume (principle 6). An epoch is replayed from its start (the RNG
-state it began with reproduces the sampler's order and the per-sample seeds) and the batches
-already delivered are stepped over. Everything in the dict is JSON-friendly.
-
-A source's own state follows torchdata's protocol: the dataset's ``state_dict()`` and, for an
-iterable source, that of the iterator its ``__iter__`` returned, saved together as
-``{"dataset": ..., "iterator": ...}`` and restored in the order dataset, ``iter()``,
-iterator.
+"""Checks of a checkpoint state against the loader that loads it, before any of it is used:
+that it continues this loader's order (batch size, world size, seed, shuffle, RNG, dataset
+length), that a source's own state fits this source and its placement, and that the position
+lies within the epoch. Its shape is checked first (:mod:`asyncloader._checkpoint.shape`).
 """
 
 from __future__ import annotations
 
-import base64
-import copy
-import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,10 +18,19 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from asyncloader._base import resolve_ranks, share, supplies_sampler
-from asyncloader._checkpoint.layout import SOURCE_KEYS, placed, taken
+from asyncloader._base import share
+from asyncloader._checkpoint.layout import taken
+from asyncloader._checkpoint.record import (
+    dataset_len,
+    fingerprint,
+    holds,
+    mid_epoch,
+    owns,
+    ranks_state,
+    source_moves,
+)
 from asyncloader._checkpoint.shape import check_shape, decode_rng_bytes, refuse
-from asyncloader._config import Options, RankSampler, SamplerCut, remainder_len
+from asyncloader._config import Options, RankSampler, remainder_len
 
 #: Samplers whose ``len()`` is exactly what they yield: a position past it is refused.
 _EXACT_SAMPLERS = (
@@ -43,111 +41,6 @@ _EXACT_SAMPLERS = (
     DistributedSampler,
     RankSampler,
 )
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Where a resumed epoch starts: first seq, seqs to step over, the source's own state."""
-
-    start: int = 0
-    skip: frozenset[int] = frozenset()
-    source_state: Any = None
-
-
-def fresh_state(num_workers: int) -> dict[str, Any]:
-    """The state of an iterable source run in ``num_workers`` workers before its first batch
-    (see :mod:`asyncloader._pipeline.worker_streams`): per worker, the batches delivered, whether
-    its
-    iteration ended and the source's own state after them; and whose turn is next."""
-    return {
-        "per_worker": [{"delivered": 0, "ended": False, "state": None} for _ in range(num_workers)],
-        "next": 0,
-    }
-
-
-def next_epoch_state(final: dict[str, Any] | None, num_workers: int) -> dict[str, Any]:
-    """The start of the epoch after one whose workers iterated their own copies and ended
-    with ``final`` (their merge state after the last batch): each worker's dataset goes on
-    from its own state then, its iteration from the start."""
-    start = fresh_state(num_workers)
-    for worker, ended in zip(start["per_worker"], (final or start)["per_worker"], strict=True):
-        dataset = (ended["state"] or {}).get("dataset")
-        if dataset is not None:
-            worker["state"] = {"dataset": dataset, "iterator": None}
-    return start
-
-
-def warn_replayed(dataset: Any, batches: int) -> None:
-    """A stateless iterable source resumed mid-epoch is replayed from its start."""
-    warnings.warn(
-        f"{type(dataset).__qualname__} (and the iterator its __iter__ returns) has no "
-        "state_dict()/load_state_dict(): resuming replays it from the start, pulling and "
-        f"dropping {batches} batches",
-        UserWarning,
-        stacklevel=6,  # the iter(loader) that started the epoch
-    )
-
-
-def encode_rng(rng: tuple[str, torch.Tensor] | None) -> dict | None:
-    if rng is None:
-        return None
-    kind, state = rng
-    return {"kind": kind, "state": base64.b64encode(state.numpy().tobytes()).decode("ascii")}
-
-
-def decode_rng(data: dict | None) -> tuple[str, torch.Tensor] | None:
-    if data is None:
-        return None
-    raw = bytearray(base64.b64decode(data["state"]))
-    return data["kind"], torch.frombuffer(raw, dtype=torch.uint8).clone()
-
-
-def _num_replicas(options: Options) -> int | None:
-    return getattr(options.sampler, "num_replicas", None)
-
-
-def _batch_size(options: Options) -> int | None:
-    if options.batch_size is not None:
-        return options.batch_size
-    return getattr(options.batch_sampler, "batch_size", None)
-
-
-def fingerprint(options: Options) -> dict:
-    """What a state depends on: batches only line up again when these are unchanged."""
-    return {"batch_size": _batch_size(options), "num_replicas": _num_replicas(options)}
-
-
-def ranks_state(options: Options, cuts: tuple[SamplerCut, ...]) -> dict[str, Any]:
-    """``{"distributed": ...}`` for the loader's own rank sampler: what the epoch's global
-    order depends on, and the interruptions whose remainder it is; for an iterable source
-    with ``distributed=True``, the world size its position was saved at; else ``{}``."""
-    sampler = options.own_sampler
-    if sampler is None:
-        if options.distributed and not options.kind.is_map:
-            return {"distributed": {"world_size": _world_size(options)}}
-        return {}
-    return {
-        "distributed": {
-            "world_size": sampler.world_size,
-            "tail": sampler.tail,
-            "dataset_len": sampler.n,
-            "seed": sampler.seed,
-            "shuffle": sampler.shuffle,
-            "history": [list(cut) for cut in cuts],
-        }
-    }
-
-
-def dataset_len(options: Options) -> int | None:
-    """``len()`` of a map-style dataset (its sampler's order depends on it); ``None`` for an
-    iterable source, a dataset without a length, or one that supplies its sampler (its own
-    state carries its order: a Mix's length moves with its weights and world size)."""
-    if not options.kind.is_map or supplies_sampler(options.dataset):
-        return None
-    try:
-        return len(options.dataset)
-    except TypeError:
-        return None
 
 
 def check_state(state: Any, options: Options, allow_length_change: bool = False) -> None:
@@ -166,7 +59,7 @@ def check_state(state: Any, options: Options, allow_length_change: bool = False)
         raise TypeError(f"state must be a dict from state_dict(), got {type(state).__qualname__}")
     check_shape(state)
     _check_source(state, options)
-    if not _source_moves(state, options):
+    if not source_moves(state, options):
         _check_placement(state, options)
     _check_length(state, options, allow_length_change)
     elastic = _check_ranks(state, options, allow_length_change)
@@ -201,34 +94,11 @@ def _check_rng(rng: dict, options: Options) -> None:
         raise refuse("rng.state", f"is not a state of this loader's RNG ({exc})") from None
 
 
-def _mid_epoch(state: dict) -> bool:
-    """The state's epoch had begun: a batch was delivered."""
-    return bool(state["next_batch"] or state["delivered_beyond"])
-
-
 def _source_field(state: dict, in_workers: bool) -> str:
     """The field that holds a source's own state, as the error names it."""
     if "source_state" in state:
         return "source_state.per_worker" if in_workers else "source_state"
     return "_snapshot._worker_snapshots" if in_workers else "dataset_state"
-
-
-def _owns(source: Any) -> list[Any]:
-    """The own states (``{"dataset", "iterator"}`` or ``None``) in ``source``: one per
-    worker iterating it, else one."""
-    if source is None:
-        return []
-    if "per_worker" in source:
-        return [worker["state"] for worker in source["per_worker"]]
-    return [source]
-
-
-def _holds(source: Any) -> bool:
-    """``source`` (asyncloader's form) holds a state of the source's own."""
-    return any(
-        own is not None and (own["dataset"] is not None or own["iterator"] is not None)
-        for own in _owns(source)
-    )
 
 
 def _check_source(state: dict, options: Options) -> None:
@@ -240,7 +110,7 @@ def _check_source(state: dict, options: Options) -> None:
     saved = taken(state)
     if callable(getattr(options.dataset, "load_state_dict", None)):
         return
-    if any(own is not None and own["dataset"] is not None for own in _owns(saved)):
+    if any(own is not None and own["dataset"] is not None for own in owns(saved)):
         raise refuse(
             _source_field(state, "per_worker" in saved),
             f"holds a dataset state, and {type(options.dataset).__qualname__} has no "
@@ -272,7 +142,7 @@ def _check_ranks(state: dict, options: Options, allow_length_change: bool = Fals
     if saved is None or now is None:
         return False
     if options.own_sampler is None:  # an iterable source's
-        if _source_moves(state, options):
+        if source_moves(state, options):
             _check_in_order(state, saved["world_size"], now["world_size"])
         return False
     _check_order(state, now, allow_length_change)
@@ -309,7 +179,7 @@ def _may_change_length(state: dict, now: dict) -> bool:
     one whose epoch was never cut at another world size and resumes at the same one."""
     saved = state["distributed"]
     same_world = saved["world_size"] == now["world_size"]
-    return not saved["history"] and (same_world or not _mid_epoch(state))
+    return not saved["history"] and (same_world or not mid_epoch(state))
 
 
 def _check_in_order(state: dict, saved: int, now: int) -> None:
@@ -377,119 +247,17 @@ def _check_beyond(beyond: list[int], start: int, total: int | None) -> None:
             )
 
 
-def _world_size(options: Options) -> int:
-    return resolve_ranks(options.rank, options.world_size)[1]
-
-
-def _source_moves(state: dict, options: Options) -> bool:
-    """An iterable source that continues its epoch at another world size itself (it has
-    ``elastic_state``, as ShardedSource) gets a state saved at another world size."""
-    saved = state.get("distributed")
-    elastic = callable(getattr(options.dataset, "elastic_state", None))
-    if saved is None or not elastic or options.kind.is_map or not options.distributed:
-        return False
-    return bool(saved["world_size"] != _world_size(options))
-
-
-def rebase(state: dict, options: Options, allow_length_change: bool = False) -> dict:
-    """``state`` (checked) as this loader resumes it: a new dataset length taken in
-    (``allow_length_change``), a source state that holds nothing put in this loader's
-    placement, and at another world size (elastic resume, see
-    :mod:`asyncloader._config.rank_sampler`) the batches every rank took made one more cut
-    of the epoch, whose remainder this loader's ranks split. Never changes ``state``."""
-    state = _placed_here(_with_length(state, options, allow_length_change), options)
-    if _source_moves(state, options):
-        return _rebase_source(state, options)
-    saved, sampler = state.get("distributed"), options.own_sampler
-    if saved is None or sampler is None or saved["world_size"] == sampler.world_size:
-        return state
-    cuts = [tuple(cut) for cut in saved["history"]]
-    left = share(remainder_len(saved["dataset_len"], cuts), saved["world_size"], saved["tail"])
-    taken = min(int(state["next_batch"]) * (options.batch_size or 1), left)
-    if taken:
-        cuts.append((saved["world_size"], taken, saved["tail"]))
-    ranks = {
-        **saved,
-        "world_size": sampler.world_size,
-        "tail": sampler.tail,
-        "history": [list(cut) for cut in cuts],
-    }
-    return {
-        **state,
-        "num_replicas": sampler.world_size,
-        "next_batch": 0,
-        "delivered_beyond": [],
-        "distributed": ranks,
-    }
-
-
-def _with_length(state: dict, options: Options, allowed: bool) -> dict:
-    """With ``allow_length_change``, the state records this loader's dataset length (a
-    state saved from it then loads without the opt-in)."""
-    now = dataset_len(options)
-    if not allowed or now is None or state.get("dataset_len") in (None, now):
-        return state
-    state = {**state, "dataset_len": now}
-    ranks, sampler = state.get("distributed"), options.own_sampler
-    if ranks is not None and sampler is not None and "dataset_len" in ranks:
-        state["distributed"] = {**ranks, "dataset_len": sampler.n}
-    return state
-
-
-def _placed_here(state: dict, options: Options) -> dict:
-    """An iterable source's state that holds nothing (a fresh one, or of a stateless
-    source), in this loader's placement: one per worker iterating it, else none."""
-    saved = taken(state)
-    if options.kind.is_map or _holds(saved) or _mid_epoch(state) or _fits(saved, options):
-        return state
-    source = fresh_state(options.num_workers) if options.worker_streams else None
-    kept = {k: v for k, v in state.items() if k not in SOURCE_KEYS}
-    return {**kept, **placed(source, options), "version": max(state["version"], 4)}
-
-
-def _fits(saved: Any, options: Options) -> bool:
-    """``saved`` (asyncloader's form) is in this loader's placement: one per worker when
-    the workers iterate the source, else a single one (or none)."""
-    if saved is None or "per_worker" not in saved:
-        return not options.worker_streams
-    return options.worker_streams and len(saved["per_worker"]) == options.num_workers
-
-
-def _rebase_source(state: dict, options: Options) -> dict:
-    """An iterable source's state saved at another world size: its streams' own states (one,
-    or one per worker with ``fetch_in_workers``) become the one state with which each of
-    this loader's streams, in this placement, continues the epoch (the source's
-    ``elastic_state``). The batch count goes on: it numbers the epoch's steps."""
-    streams = [(own or {}).get("dataset") for own in _owns(taken(state))]
-    kept = None
-    if any(s is not None for s in streams):
-        kept = {"dataset": options.dataset.elastic_state(streams), "iterator": None}
-    source: Any = kept
-    if options.worker_streams:
-        source = fresh_state(options.num_workers)
-        for worker in source["per_worker"]:
-            worker["state"] = copy.deepcopy(kept)
-    world = _world_size(options)
-    kept_keys = {k: v for k, v in state.items() if k not in SOURCE_KEYS}
-    return {
-        **kept_keys,
-        **placed(source, options),
-        "version": max(state["version"], 4),  # the source's state in version 4's places
-        "delivered_beyond": [],
-        "distributed": {**state["distributed"], "world_size": world},
-    }
-
-
 def _check_placement(state: dict, options: Options) -> None:
     """An iterable source's own state means something else in the workers' iterations
     (``fetch_in_workers``, one per worker) than in a single one: a state that holds one, or
     a position mid-epoch, resumes in the placement and number of workers it was saved with.
-    (A state holding none is put in this loader's placement by :func:`rebase`.)"""
+    (A state holding none is put in this loader's placement by
+    :func:`~asyncloader._checkpoint.rebasing.rebase`.)"""
     saved = taken(state)
     per_worker = saved.get("per_worker") if isinstance(saved, dict) else None
     in_workers = per_worker is not None
     mid_epoch = bool(state["next_batch"]) or bool(state["delivered_beyond"])
-    if options.kind.is_map or not (mid_epoch or _holds(saved)):
+    if options.kind.is_map or not (mid_epoch or holds(saved)):
         return
     if in_workers != options.worker_streams:
         raise refuse(
@@ -506,11 +274,3 @@ def _check_placement(state: dict, options: Options) -> None:
             f"has num_workers={options.num_workers}: each worker's own iteration (and its "
             "dataset's state) continues, so resume with the same num_workers",
         )
-
-
-def resume_point(state: dict) -> Resume:
-    return Resume(
-        start=int(state["next_batch"]),
-        skip=frozenset(int(s) for s in state["delivered_beyond"]),
-        source_state=taken(state),
-    )
