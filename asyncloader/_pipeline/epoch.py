@@ -46,7 +46,6 @@ from asyncloader._base import (
     SkipLedger,
     Trimmed,
     Window,
-    counts_between,
     loop_registered,
     nbytes,
     unwrap_group,
@@ -55,10 +54,11 @@ from asyncloader._checkpoint import Progress
 from asyncloader._config import Options
 from asyncloader._engines import WorkerLease
 from asyncloader._pipeline.batches import Made
-from asyncloader._pipeline.device import DeviceStage
 from asyncloader._pipeline.epoch_start import EpochStart, SamplerCursor
+from asyncloader._pipeline.epoch_stats import epoch_stats
 from asyncloader._pipeline.length import LengthCheck, ReportedLength
 from asyncloader._pipeline.stages import (
+    device_pump,
     fetches_on_loop,
     open_batches,
     open_device,
@@ -317,59 +317,12 @@ class Epoch:
 
     @property
     def stats(self) -> LoaderStats:
-        options, meter = self._options, self.meter
-        fetching = self._fetcher.max_fetching if self._fetcher else 0
-        at, elapsed = meter.ended or now(), meter.elapsed()
-        fetched = meter.fetch.count > 0
-        fetching_mean, engine_mean = meter.in_flight(at)
-        # Little's law over a window counts fetches begun before it in full: never above peaks
-        fetching_mean = min(fetching_mean, fetching)
-        engine_mean = min(engine_mean, options.engine_window_for(self.prefetch))
-        ms = lambda seconds: None if seconds is None else seconds * 1e3  # noqa: E731
-        consumer, received = meter.stall + meter.busy, self.progress.batches
-        device = meter.device.count > 0
-        return LoaderStats(
-            options.window,
-            self._window.max_ahead,
-            options.fetch_concurrency,
-            fetching,
-            self.progress.batches,
-            self.skips.count if self.skips is not None else 0,
-            elapsed=elapsed,
-            samples=meter.samples,
-            throughput=meter.samples / elapsed if elapsed > 0 else 0.0,
-            first_batch=meter.first_batch,
-            fetch_p50_ms=ms(meter.fetch.quantile(0.5)),
-            fetch_p99_ms=ms(meter.fetch.quantile(0.99)),
-            fetch_in_flight=fetching_mean if fetched else None,
-            engine_ms=ms(meter.engine.mean()),
-            engine_in_flight=engine_mean,
-            engine_window=options.engine_window_for(self.prefetch),
-            fetch_limit=self._fetcher.limit if self._fetcher else options.fetch_concurrency,
-            waiting=meter.waiting.mean(at),
-            max_waiting=meter.waiting.peak,
-            device_ms=ms(meter.device.mean()) if device else None,
-            device_busy=meter.device.total / elapsed if device and elapsed > 0 else None,
-            stall=meter.stall,
-            stall_fraction=meter.stall / consumer if consumer > 0 else 0.0,
-            consumer_ms=ms(meter.busy / (received - 1)) if received > 1 else None,
-            backpressure=meter.backpressure,
-            retries=meter.retries,
-            num_workers=options.num_workers,
-            prefetch=self.prefetch,
-            batch_bytes=meter.batch_bytes,
-            sources=self._source_counts(),
-        )
-
-    def _source_counts(self) -> dict[str, int]:
-        """Per part of an iterable source that can say (``counts_at``), the samples of the
-        batches received in order: its counts at the state before the first batch not
-        received, less those at the epoch's first (see ``Progress.checkpoint``)."""
-        first = self.start_info.source_state
-        if first is None or self._options.worker_streams:  # no state, or the merge state
-            return {}
-        now = self.progress.checkpoint()["source_state"]
-        return counts_between(self._options.dataset, first[1], now)
+        """The epoch's counters and per-stage figures now (see :func:`~asyncloader._pipeline.
+        epoch_stats.epoch_stats`)."""
+        return epoch_stats(
+            self._options, self.meter, self.progress, self._window, self._fetcher, self.skips,
+            self.prefetch, self.start_info.source_state,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         """Cancels the stage tasks and waits until threads and processes are joined, the
@@ -439,7 +392,10 @@ class Epoch:
                     lambda limit: self._resize(),
                 )
             if device is not None:
-                tg.create_task(self._device_pump(device), name="device")
+                pump = device_pump(
+                    device, self._device_room, self._buffer, self._out, self._inflight, meter
+                )
+                tg.create_task(pump, name="device")
             admitted = 0
             while True:
                 asked = now()
@@ -518,38 +474,3 @@ class Epoch:
             result = await fetch_then_run(self._fetcher, transformer.run, seq, indices, samples)
         self.meter.waiting.add(1, now())
         self._buffer.put(seq, result)
-
-    async def _device_pump(self, device: DeviceStage) -> None:
-        """Moves batches, in order, from the reorder buffer through the device thread.
-
-        Runs at most ``device_depth`` batches ahead of the consumer: room is taken before a
-        batch leaves the reorder buffer and returned when the consumer receives it.
-
-        Liveness: while a batch is next in the reorder buffer and fewer than
-        ``device_depth`` are between here and the consumer, the pump takes it: ``release()``
-        returns the room of each batch received, and every batch taken is forwarded (a
-        device error becomes its Failure). The buffer's end finishes the output; its
-        failure fails the TaskGroup, and ``_run`` then fails the output.
-        """
-        forwarded = 0
-        while True:
-            await self._device_room.acquire()
-            try:
-                seq, item = await self._buffer.get()
-            except StopAsyncIteration:
-                self._out.finish(forwarded)
-                return
-            trimmed = item if type(item) is Trimmed else None
-            if trimmed is not None:
-                item = trimmed.batch
-            if not isinstance(item, Failure) and not (trimmed and trimmed.empty):
-                began = now()
-                try:
-                    item = await device.move(item)
-                except Exception as exc:
-                    item = Failure.capture(exc, "device", seq, self._inflight.get(seq, ()))
-                self.meter.device.add(now() - began)
-            if trimmed is not None:
-                trimmed.batch, item = item, trimmed
-            self._out.put(seq, item)
-            forwarded += 1

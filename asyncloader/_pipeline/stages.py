@@ -1,6 +1,6 @@
 """Opens the stages of one epoch (:class:`~asyncloader._pipeline.epoch.Epoch`): the fetch on
 the loop, the device stage, the engine that transforms and collates, and the numbered batches
-from the sampler or the stream.
+from the sampler or the stream; and pumps batches through the device stage.
 
 Each opener enters what it starts (threads, the worker lease, the device thread) into the
 epoch's ``AsyncExitStack``, so the epoch's stopping, on every path, is that stack's exit: in
@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
 
-from asyncloader._base import Seeds, SourceKind, call_seeded, loader_threads, run_in_thread
+from asyncloader._base import (
+    Failure,
+    ReorderBuffer,
+    Seeds,
+    SourceKind,
+    Trimmed,
+    call_seeded,
+    loader_threads,
+    run_in_thread,
+)
 from asyncloader._checkpoint import Progress
 from asyncloader._config import Options
 from asyncloader._engines import Engine, ExecutorEngine, LoopEngine, WorkerEngine, WorkerLease
@@ -26,7 +35,7 @@ from asyncloader._pipeline.device import DeviceStage
 from asyncloader._pipeline.epoch_start import EpochStart, recorded
 from asyncloader._pipeline.transform import Transformer, inline_plan
 from asyncloader._pipeline.worker_streams import worker_stream_batches
-from asyncloader._tuning import EpochMeter
+from asyncloader._tuning import EpochMeter, now
 from asyncloader._worker import BatchFetcher, BatchPlan
 
 #: How the loop fetches one sample: ``index -> awaitable sample``.
@@ -182,3 +191,46 @@ def open_batches(
     return stream_batches(
         options, start.source_iter, start.claim, start.resume, start.first_seq, progress, thread
     )
+
+
+async def device_pump(
+    device: DeviceStage,
+    room: asyncio.Semaphore,
+    buffer: ReorderBuffer,
+    out: ReorderBuffer,
+    inflight: Mapping[int, Sequence[Any]],
+    meter: EpochMeter,
+) -> None:
+    """Moves batches, in order, from the reorder buffer through the device thread.
+
+    Runs at most ``device_depth`` batches ahead of the consumer: room is taken before a
+    batch leaves the reorder buffer and returned when the consumer receives it.
+
+    Liveness: while a batch is next in the reorder buffer and fewer than
+    ``device_depth`` are between here and the consumer, the pump takes it: ``release()``
+    returns the room of each batch received, and every batch taken is forwarded (a
+    device error becomes its Failure). The buffer's end finishes the output; its
+    failure fails the TaskGroup, and ``Epoch._run`` then fails the output.
+    """
+    forwarded = 0
+    while True:
+        await room.acquire()
+        try:
+            seq, item = await buffer.get()
+        except StopAsyncIteration:
+            out.finish(forwarded)
+            return
+        trimmed = item if type(item) is Trimmed else None
+        if trimmed is not None:
+            item = trimmed.batch
+        if not isinstance(item, Failure) and not (trimmed and trimmed.empty):
+            began = now()
+            try:
+                item = await device.move(item)
+            except Exception as exc:
+                item = Failure.capture(exc, "device", seq, inflight.get(seq, ()))
+            meter.device.add(now() - began)
+        if trimmed is not None:
+            trimmed.batch, item = item, trimmed
+        out.put(seq, item)
+        forwarded += 1
