@@ -15,6 +15,7 @@ from asyncloader._pipeline.async_iterator import AsyncIterator
 from asyncloader._pipeline.epoch import Epoch
 from asyncloader._pipeline.epoch_start import capture_rng, start_epoch, tell_rank, with_sampler
 from asyncloader._pipeline.length import ReportedLength
+from asyncloader._pipeline.loader_state import loaded_state, saved_state
 from asyncloader._pipeline.stall_dump import dump_epochs
 from asyncloader._pipeline.sync_iterator import LoopThread, SyncIterator
 
@@ -26,6 +27,8 @@ __all__ = [
     "SyncIterator",
     "capture_rng",
     "dump_epochs",
+    "loaded_state",
+    "saved_state",
     "start_epoch",
     "tell_rank",
     "with_sampler",
