@@ -32,7 +32,9 @@ from asyncloader._pipeline import (
     LoopThread,
     ReportedLength,
     SyncIterator,
+    batches_per_epoch,
     loaded_state,
+    next_epoch_options,
     saved_state,
     start_epoch,
     tell_rank,
@@ -402,19 +404,9 @@ class AsyncLoader(Generic[T_co]):
         For an iterable source, as DataLoader: each batch an epoch begun afterwards yields
         past this length warns (a replica not split per worker yields more than its length).
         """
-        options = self._options
-        if options.kind.is_map:
-            sampler = (
-                options.batch_sampler if options.batch_sampler is not None else options.sampler
-            )
-            return len(sampler)
-        n = len(options.dataset)
-        if options.batch_size is None:
-            batches = n
-        else:
-            batches = n // options.batch_size if options.drop_last else -(-n // options.batch_size)
-        # Epochs begun from now on warn past it, as DataLoader's iterators do.
-        self._reported_len = ReportedLength(n, batches)
+        batches, reported = batches_per_epoch(self._options)
+        if reported is not None:  # epochs begun from now on warn past it
+            self._reported_len = reported
         return batches
 
     @property
@@ -492,14 +484,7 @@ class AsyncLoader(Generic[T_co]):
     def _next_epoch_options(self) -> Options:
         """The options of the epoch about to start: under ``num_workers="auto"``, with the
         count the last epoch's measurements give (see :mod:`asyncloader._tuning.autosize`)."""
-        tuner, last = self._worker_tuner, self._last
-        if tuner is None:
-            return self._options
-        if last is not None and last.progress.finished:  # a broken-off epoch's rate says little
-            stats = last.stats
-            stage = diagnose(stats, last.options).stage
-            tuner.epoch_ended(stats, stage, last.prefetch, stats.batch_bytes)
-        return self._options.for_epoch(tuner.count)
+        return next_epoch_options(self._options, self._worker_tuner, self._last)
 
     def state_dict(self) -> dict[str, Any]:
         """What the consumer has received so far, to continue from after a restart.
