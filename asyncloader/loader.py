@@ -21,20 +21,8 @@ from asyncloader._base import (
     finalize_here,
     keep_torch_threads,
     run_in_thread,
-    source_state,
     unsafe_to_wait,
     warn_many_workers,
-)
-from asyncloader._checkpoint import (
-    STATE_VERSION,
-    check_state,
-    dataset_len,
-    encode_rng,
-    fingerprint,
-    next_epoch_state,
-    placed,
-    ranks_state,
-    rebase,
 )
 from asyncloader._config import Options
 from asyncloader._engines import Workers
@@ -44,7 +32,10 @@ from asyncloader._pipeline import (
     LoopThread,
     ReportedLength,
     SyncIterator,
-    capture_rng,
+    batches_per_epoch,
+    loaded_state,
+    next_epoch_options,
+    saved_state,
     start_epoch,
     tell_rank,
     with_sampler,
@@ -413,19 +404,9 @@ class AsyncLoader(Generic[T_co]):
         For an iterable source, as DataLoader: each batch an epoch begun afterwards yields
         past this length warns (a replica not split per worker yields more than its length).
         """
-        options = self._options
-        if options.kind.is_map:
-            sampler = (
-                options.batch_sampler if options.batch_sampler is not None else options.sampler
-            )
-            return len(sampler)
-        n = len(options.dataset)
-        if options.batch_size is None:
-            batches = n
-        else:
-            batches = n // options.batch_size if options.drop_last else -(-n // options.batch_size)
-        # Epochs begun from now on warn past it, as DataLoader's iterators do.
-        self._reported_len = ReportedLength(n, batches)
+        batches, reported = batches_per_epoch(self._options)
+        if reported is not None:  # epochs begun from now on warn past it
+            self._reported_len = reported
         return batches
 
     @property
@@ -503,14 +484,7 @@ class AsyncLoader(Generic[T_co]):
     def _next_epoch_options(self) -> Options:
         """The options of the epoch about to start: under ``num_workers="auto"``, with the
         count the last epoch's measurements give (see :mod:`asyncloader._tuning.autosize`)."""
-        tuner, last = self._worker_tuner, self._last
-        if tuner is None:
-            return self._options
-        if last is not None and last.progress.finished:  # a broken-off epoch's rate says little
-            stats = last.stats
-            stage = diagnose(stats, last.options).stage
-            tuner.epoch_ended(stats, stage, last.prefetch, stats.batch_bytes)
-        return self._options.for_epoch(tuner.count)
+        return next_epoch_options(self._options, self._worker_tuner, self._last)
 
     def state_dict(self) -> dict[str, Any]:
         """What the consumer has received so far, to continue from after a restart.
@@ -531,37 +505,7 @@ class AsyncLoader(Generic[T_co]):
         """
         if self._resume is not None:
             return copy.deepcopy(self._resume)
-        options, epoch = self._options, self._last
-        if epoch is not None and not epoch.progress.finished:
-            epoch.settle_source()
-            rng, cuts = epoch.start_info.rng, epoch.start_info.cuts
-            position = {"epoch": self._epoch, "rng": encode_rng(rng), **epoch.progress.checkpoint()}
-        else:
-            kind, rng = capture_rng(options.generator)
-            cuts = ()
-            # The next epoch has not drawn yet: torch's global state is the one it will draw
-            # from, set for good on resume (mid-epoch it is replayed for the start only).
-            position = {
-                "epoch": self._epoch + 1,
-                "rng": encode_rng(("next_global" if kind == "global" else kind, rng)),
-                "next_batch": 0,
-                "delivered_beyond": [],
-                "source_state": self._next_source_state(),
-            }
-        ranks = ranks_state(options, cuts)
-        own = placed(position.pop("source_state"), options)
-        length = dataset_len(options)
-        head = {"version": STATE_VERSION, **fingerprint(options), "dataset_len": length}
-        return {**head, **position, **own, **ranks}
-
-    def _next_source_state(self) -> Any:
-        """The source's own state for the next epoch: the dataset's (the workers' copies',
-        when each iterates its own), or ``None`` when it keeps none."""
-        options = self._options
-        if options.worker_streams:
-            last = self._last.progress.checkpoint()["source_state"] if self._last else None
-            return next_epoch_state(last, options.num_workers)
-        return source_state(options.dataset) if self._dataset_keeps_state else None
+        return saved_state(self._options, self._epoch, self._last, self._dataset_keeps_state)
 
     def load_state_dict(self, state: dict[str, Any], *, allow_length_change: bool = False) -> None:
         """Makes the next iteration continue exactly where ``state`` was saved.
@@ -602,12 +546,7 @@ class AsyncLoader(Generic[T_co]):
                 placement of an iterable source, or dataset length, or is an out-of-order
                 position at another world size. The message names the field.
         """
-        if not isinstance(allow_length_change, bool):
-            kind = type(allow_length_change).__qualname__
-            raise TypeError(f"allow_length_change must be a bool, got {kind}")
-        check_state(state, self._options, allow_length_change)
-        resume = rebase(state, self._options, allow_length_change)
-        self._resume = copy.deepcopy(resume)  # the caller may change its dict afterwards
+        self._resume = loaded_state(state, self._options, allow_length_change)
 
     def __aiter__(self) -> AsyncIterator:
         return AsyncIterator(self._new_epoch(), self._options.timeout, owner=self)

@@ -15,6 +15,8 @@ from asyncloader._pipeline.async_iterator import AsyncIterator
 from asyncloader._pipeline.epoch import Epoch
 from asyncloader._pipeline.epoch_start import capture_rng, start_epoch, tell_rank, with_sampler
 from asyncloader._pipeline.length import ReportedLength
+from asyncloader._pipeline.loader_epochs import batches_per_epoch, next_epoch_options
+from asyncloader._pipeline.loader_state import loaded_state, saved_state
 from asyncloader._pipeline.stall_dump import dump_epochs
 from asyncloader._pipeline.sync_iterator import LoopThread, SyncIterator
 
@@ -24,8 +26,12 @@ __all__ = [
     "LoopThread",
     "ReportedLength",
     "SyncIterator",
+    "batches_per_epoch",
     "capture_rng",
     "dump_epochs",
+    "loaded_state",
+    "next_epoch_options",
+    "saved_state",
     "start_epoch",
     "tell_rank",
     "with_sampler",

@@ -34,11 +34,8 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
-
-import torch
+from collections.abc import Sequence
+from typing import Any
 
 from asyncloader._base import (
     EMPTY,
@@ -47,40 +44,36 @@ from asyncloader._base import (
     ReorderBuffer,
     Seeds,
     SkipLedger,
-    SourceKind,
     Trimmed,
     Window,
-    call_seeded,
-    counts_between,
-    loader_threads,
     loop_registered,
     nbytes,
-    run_in_thread,
     unwrap_group,
 )
 from asyncloader._checkpoint import Progress
 from asyncloader._config import Options
-from asyncloader._engines import Engine, ExecutorEngine, LoopEngine, WorkerEngine, WorkerLease
-from asyncloader._pipeline.batches import Batch, Made, map_batches, stream_batches
-from asyncloader._pipeline.device import DeviceStage
-from asyncloader._pipeline.epoch_start import EpochStart, SamplerCursor, recorded
+from asyncloader._engines import WorkerLease
+from asyncloader._pipeline.batches import Made
+from asyncloader._pipeline.epoch_start import EpochStart, SamplerCursor
+from asyncloader._pipeline.epoch_stats import epoch_stats
 from asyncloader._pipeline.length import LengthCheck, ReportedLength
+from asyncloader._pipeline.stages import (
+    device_pump,
+    fetches_on_loop,
+    open_batches,
+    open_device,
+    open_fetch,
+    open_transform,
+)
 from asyncloader._pipeline.stall_dump import Parts, watch_stalls
-from asyncloader._pipeline.transform import Transformer, inline_plan
-from asyncloader._pipeline.worker_streams import worker_stream_batches
+from asyncloader._pipeline.transform import Transformer
 from asyncloader._tuning import EpochMeter, FetchTuner, LoaderStats, PrefetchTuner, now
-from asyncloader._worker import BatchFetcher, BatchPlan, Fetcher, fetch_then_run
+from asyncloader._worker import BatchFetcher, Fetcher, fetch_then_run
 from asyncloader.errors import AsyncLoaderError, LoaderTimeoutError
 
 #: The longest ``state_dict()`` waits for the workers to open their iterations of the source
 #: (without a ``timeout``); past it, it returns the state without what they opened.
 SETTLE_S = 30.0
-
-
-def _shut_down_with(stack: contextlib.AsyncExitStack, threads: ThreadPoolExecutor) -> None:
-    """Joins ``threads`` when ``stack`` exits, off the loop's thread."""
-    stop = lambda: threads.shutdown(wait=True, cancel_futures=True)  # noqa: E731
-    stack.push_async_callback(run_in_thread, stop, "asyncloader-reaper")
 
 
 class Epoch:
@@ -133,7 +126,7 @@ class Epoch:
         self._scheduled = False  # the stage tasks run, or will without the consumer's help
         self._own_loop = False  # on the loader's loop thread, where nothing else runs
         self._lease = lease
-        self._tuner = tuner if self._open_fetch_needed() else None
+        self._tuner = tuner if fetches_on_loop(options) else None
         if self._tuner is not None:
             self._tuner.restart(now())
         # Each worker's own iteration is asked prefetch batches ahead once: it stays there.
@@ -324,59 +317,12 @@ class Epoch:
 
     @property
     def stats(self) -> LoaderStats:
-        options, meter = self._options, self.meter
-        fetching = self._fetcher.max_fetching if self._fetcher else 0
-        at, elapsed = meter.ended or now(), meter.elapsed()
-        fetched = meter.fetch.count > 0
-        fetching_mean, engine_mean = meter.in_flight(at)
-        # Little's law over a window counts fetches begun before it in full: never above peaks
-        fetching_mean = min(fetching_mean, fetching)
-        engine_mean = min(engine_mean, options.engine_window_for(self.prefetch))
-        ms = lambda seconds: None if seconds is None else seconds * 1e3  # noqa: E731
-        consumer, received = meter.stall + meter.busy, self.progress.batches
-        device = meter.device.count > 0
-        return LoaderStats(
-            options.window,
-            self._window.max_ahead,
-            options.fetch_concurrency,
-            fetching,
-            self.progress.batches,
-            self.skips.count if self.skips is not None else 0,
-            elapsed=elapsed,
-            samples=meter.samples,
-            throughput=meter.samples / elapsed if elapsed > 0 else 0.0,
-            first_batch=meter.first_batch,
-            fetch_p50_ms=ms(meter.fetch.quantile(0.5)),
-            fetch_p99_ms=ms(meter.fetch.quantile(0.99)),
-            fetch_in_flight=fetching_mean if fetched else None,
-            engine_ms=ms(meter.engine.mean()),
-            engine_in_flight=engine_mean,
-            engine_window=options.engine_window_for(self.prefetch),
-            fetch_limit=self._fetcher.limit if self._fetcher else options.fetch_concurrency,
-            waiting=meter.waiting.mean(at),
-            max_waiting=meter.waiting.peak,
-            device_ms=ms(meter.device.mean()) if device else None,
-            device_busy=meter.device.total / elapsed if device and elapsed > 0 else None,
-            stall=meter.stall,
-            stall_fraction=meter.stall / consumer if consumer > 0 else 0.0,
-            consumer_ms=ms(meter.busy / (received - 1)) if received > 1 else None,
-            backpressure=meter.backpressure,
-            retries=meter.retries,
-            num_workers=options.num_workers,
-            prefetch=self.prefetch,
-            batch_bytes=meter.batch_bytes,
-            sources=self._source_counts(),
-        )
-
-    def _source_counts(self) -> dict[str, int]:
-        """Per part of an iterable source that can say (``counts_at``), the samples of the
-        batches received in order: its counts at the state before the first batch not
-        received, less those at the epoch's first (see ``Progress.checkpoint``)."""
-        first = self.start_info.source_state
-        if first is None or self._options.worker_streams:  # no state, or the merge state
-            return {}
-        now = self.progress.checkpoint()["source_state"]
-        return counts_between(self._options.dataset, first[1], now)
+        """The epoch's counters and per-stage figures now (see :func:`~asyncloader._pipeline.
+        epoch_stats.epoch_stats`)."""
+        return epoch_stats(
+            self._options, self.meter, self.progress, self._window, self._fetcher, self.skips,
+            self.prefetch, self.start_info.source_state,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         """Cancels the stage tasks and waits until threads and processes are joined, the
@@ -424,13 +370,15 @@ class Epoch:
         included), or gives it back when the source ended, then declares the total. So
         while the consumer waits, its batch is in flight, or the buffer finishes or fails.
         """
-        options = self._options
-        get = self._open_fetch(stack)
-        device = self._open_device(stack)
-        transformer = await self._open_transform(stack)
-        batches = await stack.enter_async_context(
-            contextlib.aclosing(self._batches(stack, transformer))
-        )
+        options, seeds, meter = self._options, self._seeds, self.meter
+        get, self._fetcher = open_fetch(options, stack, seeds, meter)
+        device = open_device(options, stack)
+        self._transformer = transformer = await open_transform(
+            options, stack, self._lease, self._own_loop, seeds,
+            options.engine_window_for(self.prefetch), self._inflight, meter,
+        )  # fmt: skip
+        numbered = open_batches(options, stack, self.start_info, self.progress, transformer)
+        batches = await stack.enter_async_context(contextlib.aclosing(numbered))
         async with asyncio.TaskGroup() as tg:
             if get is not None:
                 skip = self.skips is not None
@@ -439,13 +387,16 @@ class Epoch:
                     options.fetch_concurrency,
                     tg.create_task,
                     skip,
-                    self.meter,
+                    meter,
                     self._tuner,
                     lambda limit: self._resize(),
                 )
             if device is not None:
-                tg.create_task(self._device_pump(device), name="device")
-            admitted, meter = 0, self.meter
+                pump = device_pump(
+                    device, self._device_room, self._buffer, self._out, self._inflight, meter
+                )
+                tg.create_task(pump, name="device")
+            admitted = 0
             while True:
                 asked = now()
                 await self._window.admit()
@@ -508,116 +459,6 @@ class Epoch:
         limit = self._tuner.limit if self._tuner is not None else None
         self.meter.tuned.append((now(), limit, self.prefetch, size))
 
-    def _open_fetch_needed(self) -> bool:
-        """Samples are fetched on this loop one by one (see :meth:`_open_fetch`)."""
-        options = self._options
-        if options.workers_fetch or options.batch_fetch:
-            return False
-        return options.kind in (SourceKind.ASYNC_MAP, SourceKind.MAP)
-
-    def _open_fetch(
-        self, stack: contextlib.AsyncExitStack
-    ) -> Callable[[Any], Awaitable[Any]] | None:
-        """How the loop fetches one sample, or ``None`` where the engine fetches them, or
-        where a :class:`BatchFetcher` fetches each batch in one ``__getitems__`` call (for a
-        user's executor, which transforms and collates them)."""
-        options = self._options
-        if options.engine_fetches:
-            return None
-        if options.kind is SourceKind.ASYNC_MAP:
-            return options.dataset.__getitem__
-        if options.kind is not SourceKind.MAP:
-            return None
-        threads = loader_threads(options.fetch_concurrency, "asyncloader-fetch")
-        _shut_down_with(stack, threads)
-        if options.batch_fetch:
-            skip, aligned = options.on_error == "skip", options.transform is not None
-            self._fetcher = BatchFetcher(
-                options.dataset, threads, options.fetch_concurrency, skip, aligned, self.meter
-            )
-            return None
-        loop, seed, getitem = (
-            asyncio.get_running_loop(),
-            self._seeds.sample_seeds,
-            options.dataset.__getitem__,
-        )
-        return lambda index: loop.run_in_executor(threads, call_seeded, seed, index, getitem, index)
-
-    def _open_device(self, stack: contextlib.AsyncExitStack) -> DeviceStage | None:
-        options = self._options
-        if not options.device_stage:
-            return None
-        target = None if options.device is None else torch.device(options.device)
-        device = DeviceStage(
-            options.pin_memory and torch.cuda.is_available(), target, options.device_transform
-        )
-        stack.push_async_callback(run_in_thread, device.close, "asyncloader-reaper")
-        return device
-
-    async def _open_transform(self, stack: contextlib.AsyncExitStack) -> Transformer:
-        """The engine of this epoch (worker pool, user executor or a loader thread)."""
-        options, seeds = self._options, self._seeds
-        plan = BatchPlan.of(options)
-        inline = None
-        engine: Engine
-        if self._lease is not None:
-            engine = await stack.enter_async_context(self._lease)
-        elif options.executor is not None:
-            engine = ExecutorEngine(options.executor, plan)
-        elif self._batches_on_loop():
-            engine = LoopEngine(plan)
-        else:  # the loader's threads; whole batches in the fetch threads (engine_fetches)
-            name = "asyncloader-fetch" if options.engine_fetches else "asyncloader-transform"
-            threads = loader_threads(options.engine_width, name)
-            engine = ExecutorEngine(threads, plan, owned=True)
-            stack.push_async_callback(run_in_thread, engine.shutdown, "asyncloader-reaper")
-            inline = inline_plan(plan, seeds)
-        self._transformer = Transformer(
-            engine, options.engine_window_for(self.prefetch), seeds, self._inflight, inline,
-            self.meter,
-        )  # fmt: skip
-        stack.callback(self._transformer.close)
-        return self._transformer
-
-    def _batches_on_loop(self) -> bool:
-        """Batches are made on the loop itself (:class:`LoopEngine`): whole ``__getitems__``
-        batches, one at a time, without workers, on the loader's own loop thread (a ``for``
-        epoch), which nothing else needs meanwhile. Never on a user's loop (``async for``)."""
-        options = self._options
-        return (
-            self._own_loop
-            and options.engine_fetches
-            and not options.num_workers
-            and options.engine_width == 1
-        )
-
-    def _batches(
-        self, stack: contextlib.AsyncExitStack, transformer: Transformer
-    ) -> AsyncGenerator[Batch, None]:
-        options, start = self._options, self.start_info
-        if options.worker_streams:  # the engine is then a WorkerEngine (Options sees to it)
-            engine = cast(WorkerEngine, transformer.engine)
-            return worker_stream_batches(engine, options, start, self.progress, transformer.crashed)
-        if options.kind.is_map:
-            assert start.index_iter is not None
-            indices: Iterator[Any] = start.index_iter
-            if self.progress.tracks_source:  # a dataset that supplies its sampler, stateful
-                indices = recorded(indices, options.dataset, self.progress, start.first_seq)
-            return map_batches(options, indices, start.resume)
-        thread = None
-        if options.kind is SourceKind.ITERABLE:
-            thread = loader_threads(1, "asyncloader-source")
-            _shut_down_with(stack, thread)
-        return stream_batches(
-            options,
-            start.source_iter,
-            start.claim,
-            start.resume,
-            start.first_seq,
-            self.progress,
-            thread,
-        )
-
     async def _process(
         self,
         transformer: Transformer,
@@ -633,38 +474,3 @@ class Epoch:
             result = await fetch_then_run(self._fetcher, transformer.run, seq, indices, samples)
         self.meter.waiting.add(1, now())
         self._buffer.put(seq, result)
-
-    async def _device_pump(self, device: DeviceStage) -> None:
-        """Moves batches, in order, from the reorder buffer through the device thread.
-
-        Runs at most ``device_depth`` batches ahead of the consumer: room is taken before a
-        batch leaves the reorder buffer and returned when the consumer receives it.
-
-        Liveness: while a batch is next in the reorder buffer and fewer than
-        ``device_depth`` are between here and the consumer, the pump takes it: ``release()``
-        returns the room of each batch received, and every batch taken is forwarded (a
-        device error becomes its Failure). The buffer's end finishes the output; its
-        failure fails the TaskGroup, and ``_run`` then fails the output.
-        """
-        forwarded = 0
-        while True:
-            await self._device_room.acquire()
-            try:
-                seq, item = await self._buffer.get()
-            except StopAsyncIteration:
-                self._out.finish(forwarded)
-                return
-            trimmed = item if type(item) is Trimmed else None
-            if trimmed is not None:
-                item = trimmed.batch
-            if not isinstance(item, Failure) and not (trimmed and trimmed.empty):
-                began = now()
-                try:
-                    item = await device.move(item)
-                except Exception as exc:
-                    item = Failure.capture(exc, "device", seq, self._inflight.get(seq, ()))
-                self.meter.device.add(now() - began)
-            if trimmed is not None:
-                trimmed.batch, item = item, trimmed
-            self._out.put(seq, item)
-            forwarded += 1
