@@ -17,6 +17,7 @@ from asyncloader._pipeline.epoch_start import capture_rng, start_epoch, tell_ran
 from asyncloader._pipeline.length import ReportedLength
 from asyncloader._pipeline.loader_epochs import batches_per_epoch, next_epoch_options
 from asyncloader._pipeline.loader_state import loaded_state, saved_state
+from asyncloader._pipeline.shutdown import aclose_loader, close_loader, release
 from asyncloader._pipeline.stall_dump import dump_epochs
 from asyncloader._pipeline.sync_iterator import LoopThread, SyncIterator
 
@@ -26,11 +27,14 @@ __all__ = [
     "LoopThread",
     "ReportedLength",
     "SyncIterator",
+    "aclose_loader",
     "batches_per_epoch",
     "capture_rng",
+    "close_loader",
     "dump_epochs",
     "loaded_state",
     "next_epoch_options",
+    "release",
     "saved_state",
     "start_epoch",
     "tell_rank",
