@@ -1,7 +1,8 @@
 """The pipeline of one epoch in the training process: its start (decided at ``iter()``), the
 running epoch's stages in one TaskGroup (batch numbering, the fetch, the transform through an
-engine, iterable sources run in the workers, the reorder buffer, the device stage), and the
-sync and async iterators the consumer holds.
+engine, iterable sources run in the workers, the reorder buffer, the device stage), the
+sync and async iterators the consumer holds, and what the loader does between and around
+epochs (its checkpoint state, ``len()``, the next epoch's options, closing).
 
 Imports: every private layer below it (:mod:`asyncloader._engines`,
 :mod:`asyncloader._checkpoint`, :mod:`asyncloader._worker`, :mod:`asyncloader._tuning`,
