@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import threading
 import weakref
 from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
@@ -20,8 +18,6 @@ from asyncloader._base import (
     dataloader_spellings,
     finalize_here,
     keep_torch_threads,
-    run_in_thread,
-    unsafe_to_wait,
     warn_many_workers,
 )
 from asyncloader._config import Options
@@ -32,9 +28,12 @@ from asyncloader._pipeline import (
     LoopThread,
     ReportedLength,
     SyncIterator,
+    aclose_loader,
     batches_per_epoch,
+    close_loader,
     loaded_state,
     next_epoch_options,
+    release,
     saved_state,
     start_epoch,
     tell_rank,
@@ -64,18 +63,6 @@ class MapStyle(Protocol[T_co]):
     """A map-style source: ``source[index]`` is a sample, or an awaitable of one."""
 
     def __getitem__(self, index: Any, /) -> T_co | Awaitable[T_co]: ...
-
-
-def _release(workers: Workers, loop_thread: LoopThread, warn: bool = False) -> None:
-    """Stops what a loader keeps across epochs: its loop thread (the ``for`` epochs still on it
-    are cancelled and closed), then its persistent workers. Also the loader's finalizer, which
-    garbage collection may run on any thread, also one the loop thread waits for, or while a
-    lock the loop thread needs is held: the loop thread is joined only from close() or, for
-    a loader that simply went out of scope, from the main thread where that is safe
-    (:func:`~asyncloader._base.threads.unsafe_to_wait`)."""
-    main = threading.current_thread() is threading.main_thread()
-    loop_thread.stop(wait=not warn or (main and not unsafe_to_wait()))
-    workers.close(warn)
 
 
 def _restored(
@@ -323,7 +310,7 @@ class AsyncLoader(Generic[T_co]):
         see :meth:`__reduce__`)."""
         self._workers = Workers(self._options)
         self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
-        self._finalizer = finalize_here(self, _release, self._workers, self._loop_thread, True)
+        self._finalizer = finalize_here(self, release, self._workers, self._loop_thread, True)
         self._iterators: weakref.WeakSet[SyncIterator] = weakref.WeakSet()
         self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self._last: Epoch | None = None
@@ -567,26 +554,12 @@ class AsyncLoader(Generic[T_co]):
 
         Epochs iterated with ``async for`` run on an event loop: close them with :meth:`aclose`.
         """
-        for it in list(self._iterators):
-            it.close()
-        for epoch in list(self._epochs):  # an async epoch never iterated: its workers
-            epoch.abandon()
-        _release(self._workers, self._loop_thread)
+        close_loader(self._iterators, self._epochs, self._workers, self._loop_thread)
 
     async def aclose(self) -> None:
         """Stops every running epoch (a ``break`` already cancelled, too) and the persistent
         workers, and waits until their threads and processes are joined. Idempotent."""
-        loop = asyncio.get_running_loop()
-        for epoch in list(self._epochs):
-            if epoch.loop is loop:
-                await epoch.aclose()
-        for it in list(self._iterators):
-            await run_in_thread(it.close, "asyncloader-reaper")
-        for epoch in list(self._epochs):  # an async epoch never iterated: its workers
-            await run_in_thread(epoch.abandon, "asyncloader-reaper")
-        await run_in_thread(
-            lambda: _release(self._workers, self._loop_thread), "asyncloader-reaper"
-        )
+        await aclose_loader(self._iterators, self._epochs, self._workers, self._loop_thread)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A pickle or a copy of a loader, as of a DataLoader, holds its configuration, the
