@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from asyncloader import AsyncLoader
-from tests.helpers.schedules import Schedule
+from tests.helpers.schedules import Schedule, run_block
 from tests.helpers.virtual_clock import VirtualClockLoop, virtual_time
 
 RUNS = 160
@@ -179,9 +179,4 @@ def simulate(seed: int) -> None:
 @pytest.mark.parametrize("block", range(4))
 def test_every_epoch_ends_exactly_once_in_order_with_nothing_left(block):
     """Randomised loader epochs on a virtual clock: liveness, exactly-once, order, cleanup."""
-    for seed in range(block * RUNS // 4, (block + 1) * RUNS // 4):
-        try:
-            simulate(seed)
-        except BaseException as exc:
-            exc.add_note(f"replay: tests.test_epoch_liveness.simulate({seed})")
-            raise
+    run_block(simulate, block, 4, RUNS)

@@ -20,7 +20,7 @@ from asyncloader._base.failure import Failure
 from asyncloader._base.skipping import Trimmed
 from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._worker.fetch import Fetcher
-from tests.helpers.schedules import Schedule
+from tests.helpers.schedules import Schedule, run_block
 from tests.helpers.virtual_clock import VirtualClockLoop, virtual_time
 
 RUNS = 400
@@ -181,9 +181,4 @@ def simulate(seed: int) -> None:
 @pytest.mark.parametrize("block", range(4))
 def test_every_epoch_ends_exactly_once_in_order_with_nothing_left(block):
     """Randomised schedules on a virtual clock: liveness, exactly-once, order, no leftovers."""
-    for seed in range(block * RUNS // 4, (block + 1) * RUNS // 4):
-        try:
-            simulate(seed)
-        except BaseException as exc:
-            exc.add_note(f"replay: tests.test_fetch_liveness.simulate({seed})")
-            raise
+    run_block(simulate, block, 4, RUNS)

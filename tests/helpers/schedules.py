@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 REGIMES = (0.002, 0.005, 0.02, 0.1)
@@ -65,3 +66,14 @@ class Schedule:
         if index in self.cancels:
             raise asyncio.CancelledError(f"sample {index}: the client's own timeout")
         return index
+
+
+def run_block(simulate: Callable[[int], None], block: int, blocks: int, runs: int) -> None:
+    """``simulate(seed)`` for block ``block`` of ``blocks`` of ``runs`` seeds; a failure names
+    the call that replays it."""
+    for seed in range(block * runs // blocks, (block + 1) * runs // blocks):
+        try:
+            simulate(seed)
+        except BaseException as exc:
+            exc.add_note(f"replay: {simulate.__module__}.simulate({seed})")
+            raise
