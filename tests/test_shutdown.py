@@ -176,22 +176,24 @@ def test_a_job_cancelled_twice_lets_the_cleanup_the_first_began_finish():
     """A second cancel (a timeout's, then close()'s) does not cut into the cleanup the first
     began: the pump's ``finally`` closes the epoch, and close() waits for all of it."""
     loop_thread = LoopThread()
-    began, ran = threading.Event(), []
+    began, cleaning, release, ran = threading.Event(), threading.Event(), threading.Event(), []
 
     async def body():
         try:
             began.set()
             await asyncio.Event().wait()
         finally:
-            await asyncio.sleep(0.2)  # the epoch's closing: awaits of its own
+            cleaning.set()
+            await asyncio.to_thread(release.wait, 10)  # the epoch's closing: awaits of its own
             ran.append(True)
 
     try:
         job = loop_thread.run(body())
         assert began.wait(10)
         job.cancel()
-        time.sleep(0.05)  # the cleanup is under way
+        assert cleaning.wait(10), "the first cancel did not reach the job"
         job.cancel()
+        release.set()
         assert job.done.wait(10), "the cancelled job never finished"
         assert ran == [True], "the second cancel interrupted the cleanup"
     finally:
