@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from asyncloader._pipeline.async_iterator import AsyncIterator
 from asyncloader._pipeline.epoch import Epoch
-from asyncloader._pipeline.epoch_start import capture_rng, start_epoch, tell_rank, with_sampler
+from asyncloader._pipeline.epoch_start import start_epoch, tell_rank, with_sampler
 from asyncloader._pipeline.length import ReportedLength
 from asyncloader._pipeline.loader_epochs import batches_per_epoch, next_epoch_options
 from asyncloader._pipeline.loader_state import loaded_state, saved_state
@@ -30,7 +30,6 @@ __all__ = [
     "SyncIterator",
     "aclose_loader",
     "batches_per_epoch",
-    "capture_rng",
     "close_loader",
     "dump_epochs",
     "loaded_state",
