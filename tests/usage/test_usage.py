@@ -251,7 +251,8 @@ class Interrupted:
     script_exit_s: float
     all_exit_s: float
 
-    def problems(self) -> list[str]:
+    def problems(self, tracebacks: bool = True) -> list[str]:
+        """What went wrong; ``tracebacks=False`` leaves out the count of tracebacks."""
         result = self.result
         problems = []
         if self.started != "started":
@@ -260,7 +261,7 @@ class Interrupted:
             problems.append(f"exit {result.rc}, not -SIGINT")
         if "KeyboardInterrupt" not in result.stderr:
             problems.append("no KeyboardInterrupt on stderr")
-        if result.stderr.count("Traceback") != 1:  # the workers' own are not the user's
+        if tracebacks and result.stderr.count("Traceback") != 1:  # workers' are not the user's
             problems.append(f"{result.stderr.count('Traceback')} tracebacks on stderr, not 1")
         if self.all_exit_s > SIGINT_EXIT_S:
             problems.append(f"its processes took {self.all_exit_s:.2f}s to exit")
@@ -302,6 +303,9 @@ def test_ctrl_c_mid_epoch_ends_the_script_and_its_processes(name, tmp_path):
         print(run.describe())
     expected, got = runs["torch"], runs["async"]
     assert expected.family >= 2, f"DataLoader: no workers\n{expected.describe()}"
-    assert not expected.problems(), f"DataLoader: {expected.problems()}\n{expected.describe()}"
+    # DataLoader's workers sometimes print a BrokenPipeError of their queue's feeder thread
+    # beside the user's KeyboardInterrupt: the reference is held to the rest.
+    bad = expected.problems(tracebacks=False)
+    assert not bad, f"DataLoader: {bad}\n{expected.describe()}"
     assert got.family >= 2, f"AsyncLoader: no workers\n{got.describe()}"
     assert not got.problems(), f"AsyncLoader: {got.problems()}\n{got.describe()}"
