@@ -29,6 +29,13 @@ STORE_FIXTURES = frozenset({"seaweed"})
 STORE_IDS = ("object-store",)
 #: A test whose own body starts another interpreter (a script, a job) is ``slow`` too.
 STARTS_A_PROCESS = ("sys.executable", "run_job(")
+#: So is a test run with workers started as fresh interpreters (each imports torch anew).
+FRESH_WORKERS = ("spawn", "forkserver")
+#: And tests that wait seconds by design, or repeat a scenario a hundred times.
+SLOW_TESTS = frozenset({
+    "test_one_hundred_breaks_mid_epoch_leave_nothing_behind",
+    "test_timeout_is_raised_after_about_timeout_seconds",
+})  # fmt: skip
 
 
 def is_slow(item: pytest.Item) -> bool:
@@ -37,8 +44,10 @@ def is_slow(item: pytest.Item) -> bool:
         return True
     if set(getattr(item, "fixturenames", ())) & STORE_FIXTURES:
         return True
+    if getattr(item, "originalname", item.name) in SLOW_TESTS:
+        return True
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and any(store in callspec.id for store in STORE_IDS):
+    if callspec is not None and any(word in callspec.id for word in STORE_IDS + FRESH_WORKERS):
         return True
     function = getattr(item, "function", None)
     try:
