@@ -39,6 +39,7 @@ from asyncloader._base.failure import Failure, unwrap_group
 from asyncloader._base.kinds import (
     AsyncMapSource,
     MapSource,
+    MapStyle,
     SourceKind,
     has_getitems,
     source_kind,
@@ -127,6 +128,7 @@ __all__ = [
     "AsyncMapSource",
     "Failure",
     "MapSource",
+    "MapStyle",
     "RedactingFilter",
     "ReorderBuffer",
     "Seeds",
