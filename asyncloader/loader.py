@@ -4,79 +4,46 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections import deque
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from concurrent.futures import Executor
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch.utils.data import Dataset
 
-from asyncloader._base import (
-    SKIP_LOG_LENGTH,
-    check_int,
-    dataloader_spellings,
-    finalize_here,
-    keep_torch_threads,
-    warn_many_workers,
-)
-from asyncloader._config import Options
+from asyncloader._base import MapStyle, finalize_here, warn_many_workers
+from asyncloader._config import Options, loader_options
 from asyncloader._engines import Workers
 from asyncloader._pipeline import (
     AsyncIterator,
+    DataLoaderAttributes,
     Epoch,
+    LoaderEpochs,
     LoopThread,
-    ReportedLength,
     SyncIterator,
     aclose_loader,
-    batches_per_epoch,
     close_loader,
     loaded_state,
-    next_epoch_options,
     release,
-    saved_state,
-    start_epoch,
     tell_rank,
-    with_sampler,
 )
-from asyncloader._tuning import (
-    Diagnosis,
-    FetchTuner,
-    LoaderStats,
-    PrefetchTuner,
-    WorkerTuner,
-    diagnose,
-    now,
-    render,
-)
+from asyncloader._tuning import Diagnosis, LoaderStats, diagnose, render
 
 T_co = TypeVar("T_co", covariant=True)
 
-#: DataLoader's attributes that cannot change once the loader exists (assigning one raises
-#: ValueError, as in DataLoader); the others are read-only properties too.
-_FIXED = frozenset(
-    {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
-)
-
-
-class MapStyle(Protocol[T_co]):
-    """A map-style source: ``source[index]`` is a sample, or an awaitable of one."""
-
-    def __getitem__(self, index: Any, /) -> T_co | Awaitable[T_co]: ...
-
 
 def _restored(
-    cls: type[AsyncLoader], options: Options, epoch: int, resume: dict[str, Any] | None
-) -> AsyncLoader:
+    cls: type[AsyncLoader[Any]], options: Options, epoch: int, resume: dict[str, Any] | None
+) -> AsyncLoader[Any]:
     """A loader of ``options`` at ``epoch``, with ``resume`` loaded (see ``__reduce__``)."""
     loader = cls.__new__(cls)
     loader._options = options
     loader._setup()
-    loader._epoch, loader._resume = epoch, resume
+    loader._across.number, loader._across.resume = epoch, resume
     return loader
 
 
-class AsyncLoader(Generic[T_co]):
+class AsyncLoader(DataLoaderAttributes, Generic[T_co]):
     """Loads batches from ``dataset``: IO on an event loop, CPU work in a process pool.
 
     Arguments mean what they mean for ``torch.utils.data.DataLoader`` where it has them, so
@@ -278,19 +245,14 @@ class AsyncLoader(Generic[T_co]):
         distributed_tail: str = "pad",
         memory_budget: int | None = None,
     ) -> None:
-        prefetch, mp_context = dataloader_spellings(
-            num_workers, prefetch, prefetch_factor, mp_context, multiprocessing_context
-        )
-        check_int("snapshot_every_n_steps", snapshot_every_n_steps, 0)
-        self._options = Options(
-            dataset=dataset,
+        self._options = loader_options(
+            type(self).__name__,
+            prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context,
+            snapshot_every_n_steps=snapshot_every_n_steps, dataset=dataset,
             batch_size=batch_size, shuffle=shuffle, sampler=sampler,
             batch_sampler=batch_sampler, drop_last=drop_last, collate_fn=collate_fn,
-            # num_workers and prefetch may be "auto": Options resolves them to ints
-            transform=transform, executor=executor, engine=engine,
-            num_workers=num_workers,  # type: ignore[arg-type]
-            prefetch=prefetch,  # type: ignore[arg-type]
-            io_concurrency=io_concurrency, fetch_in_workers=fetch_in_workers,
+            transform=transform, executor=executor, engine=engine, num_workers=num_workers,
+            prefetch=prefetch, io_concurrency=io_concurrency, fetch_in_workers=fetch_in_workers,
             fetch_threads=fetch_threads,
             in_order=in_order, pin_memory=pin_memory, pin_memory_device=pin_memory_device,
             device=device, device_transform=device_transform, timeout=timeout,
@@ -299,7 +261,6 @@ class AsyncLoader(Generic[T_co]):
             seed_per_sample=seed_per_sample, on_error=on_error, max_skipped=max_skipped,
             distributed=distributed, rank=rank, world_size=world_size,
             distributed_tail=distributed_tail, memory_budget=memory_budget,
-            loader_name=type(self).__name__,
         )  # fmt: skip
         warn_many_workers(type(self).__name__, num_workers)
         tell_rank(self._options)
@@ -312,78 +273,11 @@ class AsyncLoader(Generic[T_co]):
         self._loop_thread = LoopThread()  # where `for` epochs run, kept across them
         self._finalizer = finalize_here(self, release, self._workers, self._loop_thread, True)
         self._iterators: weakref.WeakSet[SyncIterator] = weakref.WeakSet()
-        self._epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
-        self._last: Epoch | None = None
-        self._previous: LoaderStats | None = None
-        options = self._options
-        self._tuner = None  # io_concurrency="auto" on this process's loop: kept across epochs
-        if options.auto_io and options.memory_budget is not None:
-            self._tuner = FetchTuner(options.fetch_concurrency, options.memory_budget, now())
-        budget = options.memory_budget or 0
-        # num_workers="auto": the count between epochs (fixed where each worker iterates its
-        # own copy of an iterable source: that copy's state goes on from epoch to epoch).
-        self._worker_tuner = None
-        if options.auto_workers and not options.worker_streams:
-            self._worker_tuner = WorkerTuner(options.num_workers, budget)
-        self._prefetch_tuner = PrefetchTuner(budget) if options.auto_prefetch else None
-        self._epoch = -1
-        self._resume: dict[str, Any] | None = None
-        # Between epochs the dataset's own state is saved: a map-style one's, or an iterable's
-        # whose __iter__ returned another object (one that is its own iterator is reset by it).
-        self._dataset_keeps_state = self._options.kind.is_map
-        self._skip_log: deque[tuple[Any, str]] = deque(maxlen=SKIP_LOG_LENGTH)
-        self._reported_len: ReportedLength | None = None  # len(loader) of an iterable source
+        self._across = LoaderEpochs(self._options)
 
-    # DataLoader's attributes, read-only.
-    dataset = property(lambda self: self._options.dataset)
-    batch_size = property(lambda self: self._options.batch_size)
-    drop_last = property(lambda self: self._options.drop_last)
-    sampler = property(lambda self: self._options.sampler)
-    batch_sampler = property(lambda self: self._options.batch_sampler)
-    #: The current (or last) epoch's, else the first's: ``num_workers="auto"`` moves it.
-    num_workers = property(lambda self: self._epoch_options.num_workers)
-    generator = property(lambda self: self._options.generator)
-    collate_fn = property(lambda self: self._options.collate)
-    pin_memory = property(lambda self: self._options.pin_memory)
-    pin_memory_device = property(lambda self: self._options.pin_memory_device)
-    timeout = property(lambda self: self._options.timeout)
-    multiprocessing_context = property(lambda self: self._options.mp_context)
-    persistent_workers = property(lambda self: self._options.persistent_workers)
-    in_order = property(lambda self: self._options.in_order)
-    prefetch_factor = property(
-        lambda self: self._prefetch_now() if self._epoch_options.num_workers else None
-    )
-    #: DataLoader's (private, but read by code written for DataLoader): samples are collated
-    #: into batches by a batch sampler, as opposed to ``batch_size=None``.
-    _auto_collation = property(lambda self: self._options.batch_sampler is not None)
-
-    @property
-    def worker_init_fn(self) -> Callable[[int], None] | None:
-        return self._options.worker_init_fn
-
-    @worker_init_fn.setter
-    def worker_init_fn(self, fn: Callable[[int], None] | None) -> None:
-        """Settable, as DataLoader's (Lightning's ``seed_everything(workers=True)`` sets it):
-        epochs begun afterwards call it; started persistent workers keep the one they ran."""
-        self._options = self._options.with_worker_init_fn(fn)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FIXED:
-            raise ValueError(
-                f"{name} attribute should not be set after {type(self).__name__} is initialized"
-            )
-        super().__setattr__(name, value)
-
-    @property
-    def _epoch_options(self) -> Options:
-        return self._last.options if self._last is not None else self._options
-
-    def _prefetch_now(self) -> int:
-        """``prefetch`` of the current (or last) epoch, else the first's."""
-        if self._last is not None:
-            return self._last.prefetch
-        tuner = self._prefetch_tuner
-        return tuner.prefetch if tuner is not None else self._options.prefetch
+    #: The current (or last) epoch (read by diagnose and tests).
+    _last = property(lambda self: self._across.last)
+    _epochs = property(lambda self: self._across.running)
 
     def __len__(self) -> int:
         """Batches per epoch. Raises TypeError when the source has no length.
@@ -391,10 +285,7 @@ class AsyncLoader(Generic[T_co]):
         For an iterable source, as DataLoader: each batch an epoch begun afterwards yields
         past this length warns (a replica not split per worker yields more than its length).
         """
-        batches, reported = batches_per_epoch(self._options)
-        if reported is not None:  # epochs begun from now on warn past it
-            self._reported_len = reported
-        return batches
+        return self._across.count_batches(self._options)
 
     @property
     def stats(self) -> LoaderStats:
@@ -402,15 +293,12 @@ class AsyncLoader(Generic[T_co]):
         marks, batches, skips, throughput, fetch latency, time in the engine and the device
         stage, the consumer's stalls (see :class:`LoaderStats`). ``stats.as_dict()`` is the
         form for a metrics logger."""
-        if self._last is None:
-            options = self._options
-            return LoaderStats(options.window, 0, options.fetch_concurrency, 0, 0)
-        return self._last.stats
+        return self._across.stats(self._options)
 
     @property
     def previous_stats(self) -> LoaderStats | None:
         """The :attr:`stats` of the epoch before the current (or last) one, if any."""
-        return self._previous
+        return self._across.previous
 
     def report(self) -> str:
         """A short summary of the current (or last) epoch that names the stage holding it
@@ -424,7 +312,7 @@ class AsyncLoader(Generic[T_co]):
         batches (the rules: :mod:`asyncloader._tuning.report`).
         """
         stats = self.stats
-        return render(stats, diagnose(stats, self._epoch_options), max(self._epoch, 0))
+        return render(stats, diagnose(stats, self._epoch_options), max(self._across.number, 0))
 
     def bottleneck(self) -> Diagnosis:
         """The bottleneck :meth:`report` names: ``.stage``, ``.evidence`` and ``.knob``."""
@@ -434,44 +322,10 @@ class AsyncLoader(Generic[T_co]):
     def skip_log(self) -> list[tuple[Any, str]]:
         """The last 16 samples ``on_error="skip"`` left out, across epochs, oldest first:
         ``(index, "ExceptionType: message")``."""
-        return list(self._skip_log)
+        return list(self._across.skip_log)
 
     def _new_epoch(self) -> Epoch:
-        """Starts the next epoch (or the resumed one) on the consumer's thread."""
-        keep_torch_threads()  # on the consumer's thread, before the epoch starts any thread
-        last = self._last
-        if last is not None and last.took_every_batch():
-            last.start_info.index_iter.drain()  # its last draws, before this epoch's
-        # A loaded state stays loaded until an epoch started from it: iter() failing on the
-        # way (the source's own load_state_dict, say) leaves it for the next iter().
-        # A copy each time: the source may keep (and change) what it loads.
-        resume = copy.deepcopy(self._resume)
-        options = self._next_epoch_options()
-        start = start_epoch(options, self._epoch + 1, resume)
-        self._epoch = start.number
-        if start.source_iter is not None:
-            self._dataset_keeps_state = start.source_iter is not options.dataset
-        lease = self._workers.lease(start.seed, options)
-        start = with_sampler(options, start)  # after the fork: workers get no index list
-        if self._last is not None:
-            self._previous = self._last.stats
-        self._last = Epoch(
-            options,
-            start,
-            lease,
-            self._skip_log,
-            self._tuner,
-            self._reported_len,
-            self._prefetch_tuner,
-        )
-        self._epochs.add(self._last)
-        self._resume = None
-        return self._last
-
-    def _next_epoch_options(self) -> Options:
-        """The options of the epoch about to start: under ``num_workers="auto"``, with the
-        count the last epoch's measurements give (see :mod:`asyncloader._tuning.autosize`)."""
-        return next_epoch_options(self._options, self._worker_tuner, self._last)
+        return self._across.start(self._options, self._workers)
 
     def state_dict(self) -> dict[str, Any]:
         """What the consumer has received so far, to continue from after a restart.
@@ -490,9 +344,7 @@ class AsyncLoader(Generic[T_co]):
         starts from it (the next ``iter()`` that does not fail), it is the state loaded.
         The state (version 5) also records a map-style dataset's ``len()`` (``dataset_len``).
         """
-        if self._resume is not None:
-            return copy.deepcopy(self._resume)
-        return saved_state(self._options, self._epoch, self._last, self._dataset_keeps_state)
+        return self._across.state_dict(self._options)
 
     def load_state_dict(self, state: dict[str, Any], *, allow_length_change: bool = False) -> None:
         """Makes the next iteration continue exactly where ``state`` was saved.
@@ -533,7 +385,7 @@ class AsyncLoader(Generic[T_co]):
                 placement of an iterable source, or dataset length, or is an out-of-order
                 position at another world size. The message names the field.
         """
-        self._resume = loaded_state(state, self._options, allow_length_change)
+        self._across.resume = loaded_state(state, self._options, allow_length_change)
 
     def __aiter__(self) -> AsyncIterator:
         return AsyncIterator(self._new_epoch(), self._options.timeout, owner=self)
@@ -567,22 +419,22 @@ class AsyncLoader(Generic[T_co]):
         never its loop thread, workers or running epochs (the copy starts its own).
         ``copy.deepcopy`` copies the dataset and shares a user's ``executor``; ``pickle``
         refuses a loader holding one, as it refuses the executor."""
-        return _restored, (type(self), self._options, self._epoch, self._resume)
+        return _restored, (type(self), self._options, self._across.number, self._across.resume)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> AsyncLoader:
+    def __deepcopy__(self, memo: dict[int, Any]) -> AsyncLoader[T_co]:
         executor = self._options.executor
         if executor is not None:
             memo.setdefault(id(executor), executor)  # the user's pool, not ours to copy
         args = copy.deepcopy(self.__reduce__()[1], memo)
         return _restored(*args)
 
-    def __enter__(self) -> AsyncLoader:
+    def __enter__(self) -> AsyncLoader[T_co]:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> AsyncLoader:
+    async def __aenter__(self) -> AsyncLoader[T_co]:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -1,9 +1,10 @@
 """The bottom layer: small pieces every other part of asyncloader may use.
 
 Compatibility with private APIs (``compat``), the loader's threads, walking nested batches,
-seeding, failures carried in place of batches, skipped samples, the window, the reorder
-buffer, argument validation, the kinds of dataset and their own state, rank arithmetic, the
-retry count, :func:`~asyncloader._base.worker_info.get_worker_info` and
+seeding, failures carried in place of batches, the redaction of secrets (``redaction``),
+skipped samples, the window, the reorder buffer, argument validation, the kinds of dataset
+and their own state, rank arithmetic, the retry count,
+:func:`~asyncloader._base.worker_info.get_worker_info` and
 :class:`~asyncloader._base.shared_list.SharedList` (records a forked worker reads without
 copying).
 
@@ -34,17 +35,11 @@ from asyncloader._base.compat import (
     storage_users,
     thread_frames,
 )
-from asyncloader._base.failure import (
-    Failure,
-    RedactingFilter,
-    redact_exception,
-    redact_text,
-    register_redactor,
-    unwrap_group,
-)
+from asyncloader._base.failure import Failure, unwrap_group
 from asyncloader._base.kinds import (
     AsyncMapSource,
     MapSource,
+    MapStyle,
     SourceKind,
     has_getitems,
     source_kind,
@@ -58,6 +53,12 @@ from asyncloader._base.ranks import (
     resolve_ranks,
     share,
     split_span,
+)
+from asyncloader._base.redaction import (
+    RedactingFilter,
+    redact_exception,
+    redact_text,
+    register_redactor,
 )
 from asyncloader._base.reorder import ReorderBuffer
 from asyncloader._base.retries import RETRIES
@@ -127,6 +128,7 @@ __all__ = [
     "AsyncMapSource",
     "Failure",
     "MapSource",
+    "MapStyle",
     "RedactingFilter",
     "ReorderBuffer",
     "Seeds",

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import AsyncIterable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterable, Awaitable, Iterable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from torch.utils.data import IterableDataset
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class MapStyle(Protocol[T_co]):
+    """A map-style source: ``source[index]`` is a sample, or an awaitable of one (the type
+    of ``AsyncLoader``'s map-style ``dataset``)."""
+
+    def __getitem__(self, index: Any, /) -> T_co | Awaitable[T_co]: ...
 
 
 @runtime_checkable

@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from asyncloader._base.failure import Failure, RedactingFilter, redact_text
+from asyncloader._base.failure import Failure
+from asyncloader._base.redaction import RedactingFilter, redact_text
 
 log = logging.getLogger("asyncloader")
 log.addFilter(RedactingFilter())  # each record through the sources' redactors

@@ -1,5 +1,6 @@
-"""Configuration: the loader's options (one frozen dataclass, validated once), the defaults
-of the ``"auto"`` options, and the rank sampler that ``distributed=True`` builds.
+"""Configuration: the loader's options (one frozen dataclass, validated once, made from the
+loader's arguments by ``loader_options``), the defaults of the ``"auto"`` options, and the
+rank sampler that ``distributed=True`` builds.
 
 Imports: :mod:`asyncloader._base`, :mod:`asyncloader.errors` and its own modules.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from asyncloader._base import remainder_len
 from asyncloader._config.defaults import CAP, PREFETCH_CAP, PREFETCH_START
+from asyncloader._config.loader_args import loader_options
 from asyncloader._config.options import Options
 from asyncloader._config.rank_sampler import TAILS, RankSampler, SamplerCut
 
@@ -19,5 +21,6 @@ __all__ = [
     "Options",
     "RankSampler",
     "SamplerCut",
+    "loader_options",
     "remainder_len",
 ]

@@ -13,7 +13,7 @@ Two rules, applied to any text before it is shown:
   Basic authorization a URL's user-info becomes.
 
 A :class:`Redactor` applies both. Each one is registered with
-:func:`asyncloader._base.failure.register_redactor`, so the loader passes every failure's
+:func:`asyncloader._base.redaction.register_redactor`, so the loader passes every failure's
 text through it too (the last line of defence); :func:`redact_exception` scrubs an
 exception and its chain.
 """

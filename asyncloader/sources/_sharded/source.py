@@ -18,48 +18,26 @@ read), so no member is lost or read twice; see :mod:`.._retry` for the budget.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Mapping,
-    Sequence,
-)
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncloader._base import check_ranks, get_worker_info, resolve_ranks, unwrap_group
-from asyncloader.errors import FetchError
+from asyncloader._base import check_ranks, get_worker_info, resolve_ranks
 from asyncloader.sources._cache.client import plan_cache, with_cache
-from asyncloader.sources._client import Client
-from asyncloader.sources._files import FileClient
-from asyncloader.sources._http import HTTPClient
-from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, ClientSource, check_common
-from asyncloader.sources._objectstore import StoreClient
-from asyncloader.sources._redact import Redactor, redact_exception, redact_url, url_secrets
-from asyncloader.sources._retry import Attempts, Retry, describe_cause
-from asyncloader.sources._sharded.remainder import (
-    StreamCut,
-    Streams,
-    moved_state,
-    read_picks,
-    remainder_plan,
-)
+from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE, check_common
+from asyncloader.sources._redact import redact_url
+from asyncloader.sources._retry import Retry
+from asyncloader.sources._sharded.options import checked_arguments, make_client
+from asyncloader.sources._sharded.reading import ShardReading
+from asyncloader.sources._sharded.remainder import StreamCut, Streams, moved_state, remainder_plan
 from asyncloader.sources._sharded.shardplan import (
     Slice,
-    check_shuffle,
     check_tail,
-    miscounted,
-    parse_counts,
     plan,
     samples_per_rank,
     shard_order,
 )
-from asyncloader.sources._sharded.stream import SKIPPED_POSITION, Position, ShardStream
-from asyncloader.sources._sharded.tar import Grouping, IgnoredMembers, members, split_key
+from asyncloader.sources._sharded.stream import AfterCounting, Position, ShardStream
 from asyncloader.sources._skips import Skips
 
 if TYPE_CHECKING:
@@ -72,50 +50,7 @@ def _worker_part() -> tuple[int, int]:
     return (info.id, info.num_workers) if info is not None else (0, 1)
 
 
-def make_client(url: str, **opts: Any) -> Client:
-    """The client for the scheme of ``url``: HTTP, local file, or an fsspec store."""
-    if url.startswith(("http://", "https://")):
-        client = HTTPClient(
-            timeout=opts["timeout"],
-            headers=opts["headers"],
-            max_connections=opts["max_connections"],
-            max_object_size=opts["max_object_size"],
-        )
-        return client
-    if "://" not in url or url.startswith("file://"):
-        return FileClient(opts["max_object_size"])
-    return StoreClient(
-        url.partition("://")[0],
-        opts["storage_options"] or {},
-        max_connections=opts["max_connections"],
-        max_object_size=opts["max_object_size"],
-    )
-
-
-class _AfterCounting:
-    """An epoch's stream that first counts the shards' samples (see ``count_samples``)."""
-
-    def __init__(
-        self, count: Callable[[], Awaitable[Any]], stream: Callable[[], ShardStream]
-    ) -> None:
-        self._count, self._make = count, stream
-        self._stream: ShardStream | None = None
-
-    def __aiter__(self) -> _AfterCounting:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._stream is None:
-            await self._count()
-            self._stream = self._make()
-        return await self._stream.__anext__()
-
-    async def aclose(self) -> None:
-        if self._stream is not None:
-            await self._stream.aclose()
-
-
-class ShardedSource(ClientSource):
+class ShardedSource(ShardReading):
     """An async iterable of samples from tar shards: dicts ``{"__key__", "__url__", ext: bytes}``
     (or ``decode(dict)``).
 
@@ -192,20 +127,15 @@ class ShardedSource(ClientSource):
         max_connections: int | None = None,
     ) -> None:
         retry = check_common(retry, max_object_size, None, cache)
-        if decode is not None and not callable(decode):
-            raise TypeError(f"decode must be callable or None, got {type(decode).__qualname__}")
-        if isinstance(shard_urls, str) or not shard_urls:
-            raise ValueError("shard_urls must be a non-empty sequence of URLs or paths")
-        self._urls = [str(u) for u in shard_urls]
-        shuffle_initial = check_shuffle(shuffle_buffer, shard_concurrency, shuffle_initial)
-        counts = parse_counts(samples_per_shard, len(self._urls))
-        if (rank is None) != (world_size is None):
-            raise ValueError(f"rank and world_size go together, got {rank=} and {world_size=}")
-        if rank is not None and world_size is not None:
-            check_ranks(rank, world_size)
-        check_tail(distributed_tail)
-        if on_error == "skip" and counts is None:
-            raise ValueError("on_error='skip' needs samples_per_shard, to count what it skips")
+        self._urls, counts, shuffle_initial = checked_arguments(
+            shard_urls,
+            samples_per_shard,
+            decode,
+            (shuffle_buffer, shard_concurrency, shuffle_initial),
+            (rank, world_size),
+            distributed_tail,
+            on_error,
+        )
         # The shards' counts when known. One int: every shard holds that many but the last,
         # which holds at most that many (``_at_most``) and is counted before an iteration.
         self._counts: list[int] | None = counts
@@ -443,7 +373,7 @@ class ShardedSource(ClientSource):
             )
 
         if self._counts is None and (self._at_most is not None or world > 1 or history):
-            return _AfterCounting(self.count_samples, stream)
+            return AfterCounting(self.count_samples, stream)
         return stream()
 
     async def count_samples(self) -> list[int]:
@@ -470,125 +400,6 @@ class ShardedSource(ClientSource):
                 self._counts = [most] * (n - 1) + await self._count([n - 1])
         return list(self._counts)
 
-    async def _count(self, shards: Sequence[int]) -> list[int]:
-        """The samples in each of ``shards``, read ``shard_concurrency`` at a time."""
-        limit = asyncio.Semaphore(self._concurrency)
-
-        async def count(shard: int) -> int:
-            async with limit:
-                read = self.samples(Slice(shard, 0, None))
-                async with contextlib.aclosing(read) as samples:
-                    try:
-                        return sum([1 async for _ in samples])
-                    except Exception as exc:
-                        redact_exception(exc, self._redactor(shard))
-                        raise
-
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(count(s)) for s in shards]
-        except BaseExceptionGroup as group:
-            raise unwrap_group(group) from None
-        return [task.result() for task in tasks]
-
     def __repr__(self) -> str:
         first = redact_url(self._urls[0])
         return f"ShardedSource(<{len(self._urls)} shards: {first}, ...>, {self._client!r})"
-
-    async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
-        """The raw samples of one slice; resumes a broken stream after its last whole member.
-
-        Members are grouped by :class:`.tar.Grouping` (a repeated, reserved or one too many
-        field is a permanent failure); what is not a regular file is read past and logged
-        (:class:`.tar.IgnoredMembers`)."""
-        url = self._urls[slc.shard]
-        target = self._client.shown(url)
-        attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))
-        pin: dict[str, Any] = {}
-        offset, seen, grouping, ignored = 0, 0, Grouping(), IgnoredMembers(target)
-        end = None if slc.take is None else slc.skip + slc.take
-        # The most it may hold: its count, else (the last shard, counted) one int's bound.
-        declared = self._at_most if self._counts is None else self._counts[slc.shard]
-        while True:
-            chunks = self._client.stream(url, offset, pin)
-            try:
-                async for member in members(chunks, offset, self._max_member, ignored):
-                    attempts.progressed()
-                    key, field = split_key(member.name)
-                    done = grouping.close(key)
-                    if done is not None:
-                        if seen >= slc.skip:
-                            yield {"__key__": done[0], "__url__": target, **done[1]}
-                        seen += 1
-                        if seen == declared:  # a sample the count did not declare
-                            raise miscounted(slc.shard, declared, None)
-                        if seen == end:
-                            return
-                    grouping.add(member, key, field)
-                    offset = member.end
-                done = grouping.finish()
-                if done is not None:
-                    if seen >= slc.skip:
-                        yield {"__key__": done[0], "__url__": target, **done[1]}
-                    seen += 1
-                if end is not None and seen < end:
-                    raise miscounted(slc.shard, declared, seen)
-                return
-            except Exception as exc:
-                await attempts.failed(exc)
-            finally:
-                await chunks.aclose()
-
-    async def items(
-        self, slc: Slice, want: Callable[[int], bool]
-    ) -> AsyncGenerator[tuple[int, Any], None]:
-        """``(i, sample)`` for the samples ``i`` of a slice with ``want(i)``, decoded; the others
-        are read past undecoded. A skipped sample (``on_error="skip"``) comes as
-        ``SKIPPED_POSITION``. A slice with ``picks`` reads its shard from its first pick to
-        its last, past the samples it does not pick."""
-        read = self._items(slc, want) if slc.picks is None else read_picks(self._items, slc, want)
-        async with contextlib.aclosing(read) as items:
-            try:
-                async for item in items:
-                    yield item
-            except Exception as exc:
-                redact_exception(exc, self._redactor(slc.shard))
-                raise
-
-    def _redactor(self, shard: int) -> Redactor:
-        """Hides the secrets of the client and of shard ``shard``'s URL."""
-        return self._client.redact.extended(url_secrets(self._urls[shard]))
-
-    async def _items(
-        self, slc: Slice, want: Callable[[int], bool]
-    ) -> AsyncGenerator[tuple[int, Any], None]:
-        """:meth:`items` of a slice of consecutive samples."""
-        i, failed = 0, False
-        try:
-            async with contextlib.aclosing(self.samples(slc)) as samples:
-                async for sample in samples:
-                    i += 1
-                    if not want(i - 1):
-                        continue
-                    if self._decode is None:
-                        yield i - 1, sample
-                        continue
-                    try:
-                        item = self._decode(sample)
-                    except Exception as exc:
-                        reason = f"decode failed: {describe_cause(exc, self._client.redact)}"
-                        if not self._skips.absorb(
-                            exc, f"{sample['__url__']}#{sample['__key__']}", reason
-                        ):
-                            raise
-                        item = SKIPPED_POSITION
-                    yield i - 1, item
-        except FetchError as exc:
-            left = (slc.take - i) if slc.take is not None else 0
-            if not self._skips.absorb(exc, exc.target, exc.cause, samples=max(left, 1)):
-                raise
-            failed = True
-        if failed and slc.take is not None:  # the positions stay: the order is unchanged
-            for j in range(i, slc.take):
-                if want(j):
-                    yield j, SKIPPED_POSITION

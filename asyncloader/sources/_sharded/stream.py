@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,3 +263,26 @@ class ShardStream:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
+
+
+class AfterCounting:
+    """An epoch's stream that first counts the shards' samples (see ``count_samples``)."""
+
+    def __init__(
+        self, count: Callable[[], Awaitable[Any]], stream: Callable[[], ShardStream]
+    ) -> None:
+        self._count, self._make = count, stream
+        self._stream: ShardStream | None = None
+
+    def __aiter__(self) -> AfterCounting:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._stream is None:
+            await self._count()
+            self._stream = self._make()
+        return await self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        if self._stream is not None:
+            await self._stream.aclose()
