@@ -34,6 +34,7 @@ from asyncloader._base.compat import (
     start_fork_server,
     storage_users,
     thread_frames,
+    warn_at_caller,
 )
 from asyncloader._base.failure import Failure, unwrap_group
 from asyncloader._base.kinds import (
@@ -218,5 +219,6 @@ __all__ = [
     "thread_frames",
     "unsafe_to_wait",
     "unwrap_group",
+    "warn_at_caller",
     "warn_many_workers",
 ]

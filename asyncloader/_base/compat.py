@@ -20,6 +20,7 @@ import socket
 import struct
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from types import FrameType
@@ -278,3 +279,20 @@ def outside_the_loop(fn: Callable[..., T], *args: Any) -> T:
     finally:
         asyncio.set_event_loop(loop)
         asyncio.events._set_running_loop(loop)
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warns at the innermost frame outside asyncloader: the user's line, whatever path
+    inside the package led here. Frames are told by their module's name, so code that
+    dataclasses generate for the package (file ``<string>``) counts as the package's. With no
+    such frame (a thread of the package), at the caller."""
+    frame: FrameType | None = sys._getframe(0)
+    level = 1
+    while frame is not None and _in_package(frame):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)
+
+
+def _in_package(frame: FrameType) -> bool:
+    name = frame.f_globals.get("__name__", "")
+    return isinstance(name, str) and (name == "asyncloader" or name.startswith("asyncloader."))

@@ -11,13 +11,12 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import warnings
 from concurrent.futures import Executor
 from typing import Any
 
 import torch
 
-from asyncloader._base.compat import is_mp_context
+from asyncloader._base.compat import is_mp_context, warn_at_caller
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -164,13 +163,11 @@ def warn_many_workers(loader: str, num_workers: Any) -> None:
     asks for more)."""
     cores = available_cores()
     if isinstance(num_workers, int) and num_workers > 0 and (cores is None or num_workers > cores):
-        warnings.warn(
+        warn_at_caller(
             f"This {loader} will create {num_workers} worker processes in total, and this "
             f"process may use {cores or 'an unknown number of'} cores. Please be aware that "
             "excessive worker creation might get DataLoader running slow or even freeze (the "
-            "same holds for AsyncLoader): lower num_workers if necessary.",
-            UserWarning,
-            stacklevel=3,
+            "same holds for AsyncLoader): lower num_workers if necessary."
         )
 
 
@@ -207,10 +204,8 @@ def resolve_device(device: Any, pin_memory: bool) -> torch.device | None:
     if resolved is not None and resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(resolved)!r} but CUDA is not available on this machine")
     if pin_memory and not torch.cuda.is_available():
-        warnings.warn(
-            "pin_memory=True but CUDA is not available: batches are passed through unpinned",
-            UserWarning,
-            stacklevel=5,
+        warn_at_caller(
+            "pin_memory=True but CUDA is not available: batches are passed through unpinned"
         )
     return resolved
 

@@ -16,13 +16,12 @@ iterator.
 from __future__ import annotations
 
 import base64
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asyncloader._base import resolve_ranks, supplies_sampler
+from asyncloader._base import resolve_ranks, supplies_sampler, warn_at_caller
 from asyncloader._checkpoint.layout import taken
 from asyncloader._config import Options, SamplerCut
 
@@ -61,12 +60,10 @@ def next_epoch_state(final: dict[str, Any] | None, num_workers: int) -> dict[str
 
 def warn_replayed(dataset: Any, batches: int) -> None:
     """A stateless iterable source resumed mid-epoch is replayed from its start."""
-    warnings.warn(
+    warn_at_caller(  # the iter(loader) that started the epoch
         f"{type(dataset).__qualname__} (and the iterator its __iter__ returns) has no "
         "state_dict()/load_state_dict(): resuming replays it from the start, pulling and "
-        f"dropping {batches} batches",
-        UserWarning,
-        stacklevel=6,  # the iter(loader) that started the epoch
+        f"dropping {batches} batches"
     )
 
 

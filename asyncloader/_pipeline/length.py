@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
+
+from asyncloader._base import warn_at_caller
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,4 +54,4 @@ class LengthCheck:
                 "configuring the IterableDataset replica at each worker: split its items by "
                 "get_worker_info() (see torch.utils.data.IterableDataset)."
             )
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warn_at_caller(message)
