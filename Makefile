@@ -21,17 +21,21 @@ $(VENV)/.bench-installed: pyproject.toml constraints.txt | $(PY)
 demo: $(VENV)/.dev-installed
 	$(PY) examples/http_demo.py
 
+# Two pytest processes (pytest-xdist), each taking whole test files: a file's module-wide
+# fixtures (the Ray cluster, the servers) start once.
 test: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m mypy
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
-# The tier for every edit: lint, format and the tests not marked slow (no fresh venv, no job of
+# The tier for every edit: lint, format, types and the tests not marked slow (no fresh venv, no job of
 # several interpreters, no Ray, trainer, external store, soak or fuzz matrix; tests/conftest.py).
 check: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m mypy
+	$(PY) -m pytest -q -n 2 -m "not slow"
 
 # PyTorch's and torchdata's own DataLoader tests (tests/compat) against DataLoader and
 # StatefulDataLoader themselves: which of them pass here at all (docs/compatibility.md).
@@ -41,6 +45,7 @@ compat-baseline: $(VENV)/.dev-installed
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
+	$(PY) -m mypy
 
 # The side-by-side benchmark of DataLoader, torchdata.nodes, spdl and asyncloader (~20 min on
 # 2 cores): the summary in benchmarks/results/ (committed) and docs/benchmarks.md's latest run,

@@ -51,11 +51,10 @@ def empty_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     ``default_collate`` does in a worker: ``TypedStorage._new_shared``), so filling it is the
     only copy; ``torch.empty(...).share_memory_()`` would copy it once more. Falls back to that
     where the private method is missing."""
-    # torch's stubs leave _typed_storage, _new_shared and share_memory_ unannotated.
     try:
-        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))  # type: ignore[no-untyped-call]
+        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
     except AttributeError:
-        shared: torch.Tensor = torch.empty(shape, dtype=dtype).share_memory_()  # type: ignore[no-untyped-call]
+        shared: torch.Tensor = torch.empty(shape, dtype=dtype).share_memory_()
         return shared
     return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
@@ -63,12 +62,11 @@ def empty_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
     """An uninitialised ``UntypedStorage`` of ``nbytes`` in shared memory from the start
     (``UntypedStorage._new_shared``); ``UntypedStorage(nbytes).share_memory_()`` where missing."""
-    # torch's stubs leave UntypedStorage's constructor and _new_shared unannotated.
     storage: torch.UntypedStorage
     try:
-        storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+        storage = torch.UntypedStorage._new_shared(nbytes)
     except AttributeError:
-        storage = torch.UntypedStorage(nbytes).share_memory_()  # type: ignore[no-untyped-call]
+        storage = torch.UntypedStorage(nbytes).share_memory_()
     return storage
 
 

@@ -74,7 +74,7 @@ def check_state(state: Any, options: Options, allow_length_change: bool = False)
     _check_position(state, options)
 
 
-def _check_rng(rng: dict, options: Options) -> None:
+def _check_rng(rng: dict[str, Any], options: Options) -> None:
     """The RNG the state replays is this loader's kind (its generator, or torch's global
     one), and its state one that RNG takes."""
     generator = options.generator
@@ -94,14 +94,14 @@ def _check_rng(rng: dict, options: Options) -> None:
         raise refuse("rng.state", f"is not a state of this loader's RNG ({exc})") from None
 
 
-def _source_field(state: dict, in_workers: bool) -> str:
+def _source_field(state: dict[str, Any], in_workers: bool) -> str:
     """The field that holds a source's own state, as the error names it."""
     if "source_state" in state:
         return "source_state.per_worker" if in_workers else "source_state"
     return "_snapshot._worker_snapshots" if in_workers else "dataset_state"
 
 
-def _check_source(state: dict, options: Options) -> None:
+def _check_source(state: dict[str, Any], options: Options) -> None:
     """A state saved for a map-style source is not one for an iterable (its
     ``fetcher_state``), and a dataset state needs a dataset with ``load_state_dict``."""
     if "fetcher_state" in state and (state["fetcher_state"] is None) != options.kind.is_map:
@@ -118,7 +118,7 @@ def _check_source(state: dict, options: Options) -> None:
         )
 
 
-def _check_length(state: dict, options: Options, allowed: bool) -> None:
+def _check_length(state: dict[str, Any], options: Options, allowed: bool) -> None:
     """A map-style dataset of another length gives another order (unless the user allows
     it); a state without the length (version 4 and before) is not checked."""
     saved, now = state.get("dataset_len"), dataset_len(options)
@@ -132,7 +132,9 @@ def _check_length(state: dict, options: Options, allowed: bool) -> None:
     )
 
 
-def _check_ranks(state: dict, options: Options, allow_length_change: bool = False) -> bool:
+def _check_ranks(
+    state: dict[str, Any], options: Options, allow_length_change: bool = False
+) -> bool:
     """Checks a state of the loader's own rank sampler against this one's; True when both
     have one (then the world size may differ)."""
     saved, now = state.get("distributed"), ranks_state(options, ()).get("distributed")
@@ -151,7 +153,7 @@ def _check_ranks(state: dict, options: Options, allow_length_change: bool = Fals
     return True
 
 
-def _check_order(state: dict, now: dict, allow_length_change: bool) -> None:
+def _check_order(state: dict[str, Any], now: dict[str, Any], allow_length_change: bool) -> None:
     """The rank sampler's global order is the saved one: same seed, shuffle and length (a
     new length only with ``allow_length_change``, see :func:`_may_change_length`)."""
     saved = state["distributed"]
@@ -174,7 +176,7 @@ _LENGTH_AT_BOUNDARY = (
 )
 
 
-def _may_change_length(state: dict, now: dict) -> bool:
+def _may_change_length(state: dict[str, Any], now: dict[str, Any]) -> bool:
     """With the loader's own rank sampler a new length goes with a state between epochs, or
     one whose epoch was never cut at another world size and resumes at the same one."""
     saved = state["distributed"]
@@ -182,7 +184,7 @@ def _may_change_length(state: dict, now: dict) -> bool:
     return not saved["history"] and (same_world or not mid_epoch(state))
 
 
-def _check_in_order(state: dict, saved: int, now: int) -> None:
+def _check_in_order(state: dict[str, Any], saved: int, now: int) -> None:
     if state.get("delivered_beyond"):
         raise ValueError(
             f"state was saved at world_size={saved} with batches delivered out of order "
@@ -191,7 +193,7 @@ def _check_in_order(state: dict, saved: int, now: int) -> None:
         )
 
 
-def _epoch_batches(state: dict, options: Options) -> int | None:
+def _epoch_batches(state: dict[str, Any], options: Options) -> int | None:
     """Batches in the state's epoch where the loader knows them exactly: a map-style source
     under torch's samplers or its own rank sampler (the epoch's remainder at the saved world
     size); else ``None``."""
@@ -213,11 +215,11 @@ def _epoch_batches(state: dict, options: Options) -> int | None:
         samples = len(sampler)
     if batch_sampler is None:
         return samples
-    size = batch_sampler.batch_size
+    size: int = batch_sampler.batch_size
     return samples // size if batch_sampler.drop_last else -(-samples // size)
 
 
-def _check_position(state: dict, options: Options) -> None:
+def _check_position(state: dict[str, Any], options: Options) -> None:
     """The position lies within the epoch: ``next_batch`` at most its length (equal: all
     received, the end not yet seen), each batch of ``delivered_beyond`` after it and inside;
     workers iterating the source delivered no more than ``next_batch`` between them."""
@@ -247,7 +249,7 @@ def _check_beyond(beyond: list[int], start: int, total: int | None) -> None:
             )
 
 
-def _check_placement(state: dict, options: Options) -> None:
+def _check_placement(state: dict[str, Any], options: Options) -> None:
     """An iterable source's own state means something else in the workers' iterations
     (``fetch_in_workers``, one per worker) than in a single one: a state that holds one, or
     a position mid-epoch, resumes in the placement and number of workers it was saved with.

@@ -23,7 +23,9 @@ from asyncloader._checkpoint.record import (
 from asyncloader._config import Options, remainder_len
 
 
-def rebase(state: dict, options: Options, allow_length_change: bool = False) -> dict:
+def rebase(
+    state: dict[str, Any], options: Options, allow_length_change: bool = False
+) -> dict[str, Any]:
     """``state`` (checked) as this loader resumes it: a new dataset length taken in
     (``allow_length_change``), a source state that holds nothing put in this loader's
     placement, and at another world size (elastic resume, see
@@ -55,7 +57,7 @@ def rebase(state: dict, options: Options, allow_length_change: bool = False) -> 
     }
 
 
-def _with_length(state: dict, options: Options, allowed: bool) -> dict:
+def _with_length(state: dict[str, Any], options: Options, allowed: bool) -> dict[str, Any]:
     """With ``allow_length_change``, the state records this loader's dataset length (a
     state saved from it then loads without the opt-in)."""
     now = dataset_len(options)
@@ -68,7 +70,7 @@ def _with_length(state: dict, options: Options, allowed: bool) -> dict:
     return state
 
 
-def _placed_here(state: dict, options: Options) -> dict:
+def _placed_here(state: dict[str, Any], options: Options) -> dict[str, Any]:
     """An iterable source's state that holds nothing (a fresh one, or of a stateless
     source), in this loader's placement: one per worker iterating it, else none."""
     saved = taken(state)
@@ -87,7 +89,7 @@ def _fits(saved: Any, options: Options) -> bool:
     return options.worker_streams and len(saved["per_worker"]) == options.num_workers
 
 
-def _rebase_source(state: dict, options: Options) -> dict:
+def _rebase_source(state: dict[str, Any], options: Options) -> dict[str, Any]:
     """An iterable source's state saved at another world size: its streams' own states (one,
     or one per worker with ``fetch_in_workers``) become the one state with which each of
     this loader's streams, in this placement, continues the epoch (the source's

@@ -67,14 +67,14 @@ def warn_replayed(dataset: Any, batches: int) -> None:
     )
 
 
-def encode_rng(rng: tuple[str, torch.Tensor] | None) -> dict | None:
+def encode_rng(rng: tuple[str, torch.Tensor] | None) -> dict[str, Any] | None:
     if rng is None:
         return None
     kind, state = rng
     return {"kind": kind, "state": base64.b64encode(state.numpy().tobytes()).decode("ascii")}
 
 
-def decode_rng(data: dict | None) -> tuple[str, torch.Tensor] | None:
+def decode_rng(data: dict[str, Any] | None) -> tuple[str, torch.Tensor] | None:
     if data is None:
         return None
     raw = bytearray(base64.b64decode(data["state"]))
@@ -91,7 +91,7 @@ def _batch_size(options: Options) -> int | None:
     return getattr(options.batch_sampler, "batch_size", None)
 
 
-def fingerprint(options: Options) -> dict:
+def fingerprint(options: Options) -> dict[str, Any]:
     """What a state depends on: batches only line up again when these are unchanged."""
     return {"batch_size": _batch_size(options), "num_replicas": _num_replicas(options)}
 
@@ -133,7 +133,7 @@ def world_size(options: Options) -> int:
     return resolve_ranks(options.rank, options.world_size)[1]
 
 
-def mid_epoch(state: dict) -> bool:
+def mid_epoch(state: dict[str, Any]) -> bool:
     """The state's epoch had begun: a batch was delivered."""
     return bool(state["next_batch"] or state["delivered_beyond"])
 
@@ -156,7 +156,7 @@ def holds(source: Any) -> bool:
     )
 
 
-def source_moves(state: dict, options: Options) -> bool:
+def source_moves(state: dict[str, Any], options: Options) -> bool:
     """An iterable source that continues its epoch at another world size itself (it has
     ``elastic_state``, as ShardedSource) gets a state saved at another world size."""
     saved = state.get("distributed")
@@ -166,7 +166,7 @@ def source_moves(state: dict, options: Options) -> bool:
     return bool(saved["world_size"] != world_size(options))
 
 
-def resume_point(state: dict) -> Resume:
+def resume_point(state: dict[str, Any]) -> Resume:
     return Resume(
         start=int(state["next_batch"]),
         skip=frozenset(int(s) for s in state["delivered_beyond"]),

@@ -35,7 +35,7 @@ def refuse(path: str, what: str) -> ValueError:
     return ValueError(f"state field {path!r} {what}")
 
 
-def _need(parent: dict, key: str, path: str) -> Any:
+def _need(parent: dict[str, Any], key: str, path: str) -> Any:
     if key not in parent:
         raise refuse(path, "is missing: the state is not one state_dict() returned")
     return parent[key]
@@ -55,7 +55,7 @@ def check_int(value: Any, path: str, minimum: int = 0, optional: bool = False) -
     return int(value)
 
 
-def _check_dict(value: Any, path: str) -> dict:
+def _check_dict(value: Any, path: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise refuse(path, f"must be a dict, got {type(value).__qualname__}")
     return value
@@ -66,7 +66,7 @@ def _check_bool(value: Any, path: str) -> None:
         raise refuse(path, f"must be True or False, got {value!r:.60}")
 
 
-def _check_list(value: Any, path: str) -> list:
+def _check_list(value: Any, path: str) -> list[Any]:
     if not isinstance(value, list | tuple):
         raise refuse(path, f"must be a list, got {type(value).__qualname__}")
     return list(value)

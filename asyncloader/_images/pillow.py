@@ -48,7 +48,8 @@ def open_image(data: Any, formats: tuple[str, ...], max_pixels: int) -> Any:
             " other formats (EPS among them) are refused unless named in formats="
         ) from exc
     try:
-        check_pixels(*image.size, max_pixels)
+        width, height = image.size
+        check_pixels(width, height, max_pixels)
     except Image.DecompressionBombError:
         image.close()
         raise

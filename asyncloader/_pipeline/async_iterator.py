@@ -30,7 +30,7 @@ class AsyncIterator:
         self._started = False
         self._done = False
         # Until it starts, dropping the iterator shuts down the workers forked at aiter().
-        self._finalizer: weakref.finalize | None = finalize_here(self, epoch.abandon)
+        self._finalizer: weakref.finalize[..., Any] | None = finalize_here(self, epoch.abandon)
         self._closing: asyncio.Future[None] | None = None  # a close begun by a timeout
 
     def __aiter__(self) -> AsyncIterator:

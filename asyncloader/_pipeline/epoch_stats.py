@@ -42,7 +42,10 @@ def epoch_stats(
     # Little's law over a window counts fetches begun before it in full: never above peaks
     fetching_mean = min(fetching_mean, fetching)
     engine_mean = min(engine_mean, options.engine_window_for(prefetch))
-    ms = lambda seconds: None if seconds is None else seconds * 1e3  # noqa: E731
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1e3
+
     consumer, received = meter.stall + meter.busy, progress.batches
     device = meter.device.count > 0
     return LoaderStats(

@@ -45,13 +45,13 @@ def saved_state(
         rng, cuts = last.start_info.rng, last.start_info.cuts
         position = {"epoch": number, "rng": encode_rng(rng), **last.progress.checkpoint()}
     else:
-        kind, rng = capture_rng(options.generator)
+        kind, drawn_from = capture_rng(options.generator)
         cuts = ()
         # The next epoch has not drawn yet: torch's global state is the one it will draw
         # from, set for good on resume (mid-epoch it is replayed for the start only).
         position = {
             "epoch": number + 1,
-            "rng": encode_rng(("next_global" if kind == "global" else kind, rng)),
+            "rng": encode_rng(("next_global" if kind == "global" else kind, drawn_from)),
             "next_batch": 0,
             "delivered_beyond": [],
             "source_state": next_source_state(options, last, dataset_keeps_state),

@@ -264,7 +264,10 @@ def _consumer(parts: Parts) -> str:
 def _limits(parts: Parts) -> list[str]:
     options, window = parts.options, parts.window
     limit = getattr(parts.fetcher, "limit", options.fetch_concurrency)
-    auto = lambda on: '"auto"' if on else "fixed"  # noqa: E731
+
+    def auto(on: bool) -> str:
+        return '"auto"' if on else "fixed"
+
     return [
         f"io limit {limit} ({auto(options.auto_io)}, at most {options.fetch_concurrency})",
         f"window {window.ahead} of {window.size} batches ahead (at most {window.max_ahead} "

@@ -76,7 +76,16 @@ IDLE_S = 1.0
 
 def _marks(storage: torch.UntypedStorage, offset: int) -> torch.Tensor:
     """The two handshake words ``[lent, freed]`` of a segment, as an ``int64`` view."""
-    return torch.empty(0, dtype=torch.int64).set_(storage, offset // 8, (2,))
+    return _view(storage, torch.int64, offset // 8, (2,))
+
+
+def _view(
+    storage: torch.UntypedStorage, dtype: torch.dtype, offset: int, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """A ``dtype`` tensor of ``shape`` on ``storage`` from element ``offset``."""
+    # torch's stub of set_ asks for a stride too; without one torch makes it contiguous.
+    view: torch.Tensor = torch.empty(0, dtype=dtype).set_(storage, offset, shape)  # type: ignore[call-overload]
+    return view
 
 
 _slot_ids = itertools.count()
@@ -96,7 +105,7 @@ class _Slot:
     @property
     def free(self) -> bool:
         lent, freed = self.marks.tolist()
-        return lent == freed
+        return bool(lent == freed)
 
     def lend(self) -> int:
         """Starts a lending; its generation."""
@@ -145,7 +154,7 @@ class BufferPool:
             if slot is None:
                 return empty_shared(shape, dtype)
             self._lent.append((slot, slot.lend()))
-        return torch.empty(0, dtype=dtype).set_(slot.storage, 0, shape)
+        return _view(slot.storage, dtype, 0, shape)
 
     def _trim_when_idle(self) -> None:
         """Starts, once, a daemon thread that calls :meth:`trim_if_idle` every ``IDLE_S``."""

@@ -38,8 +38,9 @@ def reads_columns(dataset: Any) -> bool:
     if not isinstance(base, type) or not isinstance(dataset, base):
         return False
     kind = type(dataset)
-    if kind.__getitem__ is not base.__getitem__ or kind.__getitems__ is not base.__getitems__:
-        return False
+    for method in ("__getitem__", "__getitems__"):
+        if getattr(kind, method, None) is not getattr(base, method, None):
+            return False
     form = getattr(dataset, "format", None)
     return isinstance(form, dict) and form.get("type") == "torch"
 

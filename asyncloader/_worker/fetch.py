@@ -149,7 +149,8 @@ class Fetcher:
         self.queued += batch.size
         self._serve()
         try:
-            return await batch.done
+            result: list[Any] | Failure | Trimmed = await batch.done
+            return result
         finally:
             if not batch.done.done():  # cancelled: drop what is still queued of it
                 batch.done.cancel()

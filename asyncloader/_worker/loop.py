@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Coroutine, Sequence
@@ -268,8 +269,9 @@ class WorkerCore:
 
         def start() -> Any:
             set_epoch = getattr(dataset, "set_epoch", None)
-            told = opening.epoch is not None and callable(set_epoch)
-            tell = (lambda: set_epoch(opening.epoch)) if told else None
+            tell = None
+            if opening.epoch is not None and callable(set_epoch):
+                tell = functools.partial(set_epoch, opening.epoch)
             restore_dataset(dataset, saved, tell, bool(opening.delivered) or opening.resumed)
             return open_iterator(dataset, saved, self._is_async)
 

@@ -17,7 +17,7 @@ import enum
 import io
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
 from asyncloader._base import SourceKind
 from asyncloader._worker.plan import BatchPlan
@@ -25,17 +25,18 @@ from asyncloader._worker.plan import BatchPlan
 _T = TypeVar("_T")
 
 
+@dataclass_transform(frozen_default=True)
 def _message(cls: type[_T]) -> type[_T]:
     """A frozen, slotted dataclass that pickles as its class and its fields' values: one or
     more go over a pipe with every batch, and a slotted dataclass's own ``__getstate__``
     looks its fields up anew each time."""
     made = dataclasses.dataclass(frozen=True, slots=True)(cls)
-    names = tuple(field.name for field in dataclasses.fields(made))
+    names = tuple(field.name for field in dataclasses.fields(made))  # type: ignore[arg-type]
 
     def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
         return made, tuple(getattr(self, name) for name in names)
 
-    made.__reduce__ = __reduce__  # type: ignore[method-assign,assignment]
+    made.__reduce__ = __reduce__  # type: ignore[method-assign]
     return made
 
 

@@ -110,7 +110,8 @@ class FileClient:
     async def read(self, target: str, start: int | None, length: int | None) -> bytes:
         """The file (``length`` None: from ``start`` to its end) or the range; see the module's
         docstring for what is refused and when a read fails as transient."""
-        return await _read(self.shown(target), start or 0, length, self.max_object_size)
+        data: bytes = await _read(self.shown(target), start or 0, length, self.max_object_size)
+        return data
 
     async def stream(
         self, target: str, start: int, pin: dict[str, Any]

@@ -204,13 +204,12 @@ class HTTPClient:
         self._sessions: PerLoop[aiohttp.ClientSession] = PerLoop(self._open, self._shut)
 
     async def _open(self) -> aiohttp.ClientSession:
-        aiohttp = import_aiohttp()
-        connector = aiohttp.TCPConnector(limit=self.max_connections or 0, limit_per_host=0)
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.timeout, sock_read=self.timeout
-        )
+        http = import_aiohttp()
+        connector = http.TCPConnector(limit=self.max_connections or 0, limit_per_host=0)
+        timeout = http.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=self.timeout)
         # No default headers: each request carries them, less the secret ones off the origin.
-        return aiohttp.ClientSession(connector=connector, timeout=timeout)
+        session: aiohttp.ClientSession = http.ClientSession(connector=connector, timeout=timeout)
+        return session
 
     @staticmethod
     async def _shut(session: aiohttp.ClientSession) -> None:
@@ -220,7 +219,7 @@ class HTTPClient:
         return redact_url(target)
 
     @staticmethod
-    def _check(resp: aiohttp.ClientResponse, start: int, ranged: bool, pin: dict) -> int:
+    def _check(resp: aiohttp.ClientResponse, start: int, ranged: bool, pin: dict[str, Any]) -> int:
         """Checks the status; returns how many leading bytes to drop (a Range ignored)."""
         if resp.status == 206 and ranged:
             match = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", ""))
@@ -239,7 +238,9 @@ class HTTPClient:
         after = parse_retry_after(resp.headers.get("Retry-After", ""))
         raise HTTPStatusError(resp.status, resp.reason or "", after)
 
-    def _request_headers(self, start: int, length: int | None, pin: dict[str, Any] | None) -> dict:
+    def _request_headers(
+        self, start: int, length: int | None, pin: dict[str, Any] | None
+    ) -> dict[str, Any]:
         """Range (and, for streams, If-Match) headers; identity encoding for a range or a
         stream (``pin`` given), whose offsets are the object's bytes."""
         headers = {}

@@ -80,7 +80,9 @@ def split_protocol(url: str) -> str:
     return protocol
 
 
-def tuned_options(protocol: str, options: Mapping[str, Any], max_connections: int | None) -> dict:
+def tuned_options(
+    protocol: str, options: Mapping[str, Any], max_connections: int | None
+) -> dict[str, Any]:
     """``options`` plus the throughput defaults for s3fs that the caller did not set."""
     tuned = dict(options)
     if protocol in ("s3", "s3a"):
@@ -159,12 +161,13 @@ class StoreClient:
         if start is not None:
             assert length is not None
             check_size(length, self.max_object_size, lambda: self.shown(target))
-            data = await fs._cat_file(path, start=start, end=start + length)
+            data: bytes = await fs._cat_file(path, start=start, end=start + length)
             if len(data) != length:
                 raise Permanent(f"range {start}+{length} goes past the end ({start + len(data)})")
             return data
         if self.max_object_size is None:
-            return await fs._cat_file(path)
+            whole: bytes = await fs._cat_file(path)
+            return whole
         try:
             data = await fs._cat_file(path, start=0, end=self.max_object_size + 1)
         except Exception as exc:  # an empty object has no byte 0: S3 answers 416
@@ -194,9 +197,12 @@ class StoreClient:
             yield data
 
     async def _info(self, fs: Any, path: str) -> dict[str, Any]:
+        info: dict[str, Any]
         if self.protocol in ("s3", "s3a"):
-            return await fs._info(path, refresh=True)  # not a listing's cached entry
-        return await fs._info(path)
+            info = await fs._info(path, refresh=True)  # not a listing's cached entry
+        else:
+            info = await fs._info(path)
+        return info
 
     async def _block(self, fs: Any, path: str, start: int, end: int, pin: dict[str, Any]) -> bytes:
         """Bytes ``[start, end)`` of the pinned version.
@@ -213,7 +219,7 @@ class StoreClient:
                 if status_of(exc) != 412:
                     raise
                 raise _changed(start, version, "no longer matches its ETag (412)") from None
-        data = await fs._cat_file(path, start=start, end=end)
+        data: bytes = await fs._cat_file(path, start=start, end=end)
         if version and not (start == 0 and end == pin["size"]):
             now = _version(await self._info(fs, path))
             if now != version:

@@ -79,7 +79,7 @@ def _read_meta(fd: int, file_size: int) -> dict[str, Any] | Invalid:
     if magic != MAGIC or length > min(_MAX_META, file_size - _TAIL.size):
         return Invalid("truncated or malformed: no metadata at its end")
     try:
-        meta = json.loads(os.pread(fd, length, file_size - _TAIL.size - length))
+        meta: dict[str, Any] = json.loads(os.pread(fd, length, file_size - _TAIL.size - length))
         size, crc = meta["size"], meta["crc32"]
     except (ValueError, KeyError, TypeError):
         return Invalid("malformed metadata")

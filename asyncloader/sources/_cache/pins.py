@@ -16,6 +16,7 @@ import os
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from asyncloader.sources._cache.locks import try_lock
 
@@ -32,7 +33,7 @@ class Pins:
         self._keys: set[str] = set()
         self._pid = 0
         self._fd = -1
-        self._close: weakref.finalize | None = None
+        self._close: weakref.finalize[..., Any] | None = None
 
     def plan(self, keys: Iterable[str]) -> None:
         """The keys of a new plan (the previous plan's are dropped)."""

@@ -50,7 +50,7 @@ from asyncloader.sources._mix.state import (
 from asyncloader.sources._mix.sync import SyncRun, sync_samples
 
 
-class Mix(Dataset):
+class Mix(Dataset[Any]):
     """Samples drawn from several sources, each draw picking a source by weight.
 
     Args:
@@ -253,7 +253,8 @@ class Mix(Dataset):
         iteration (with a loader, those it pulled: they run ahead of what you received by at
         most its window; ``loader.stats.sources`` has the received ones, see
         :meth:`counts_at`)."""
-        return self.stats["counts"]
+        counts: dict[str, int] = self.stats["counts"]
+        return counts
 
     def counts_at(self, state: Mapping[str, Any]) -> dict[str, int]:
         """Samples each source gave in its Mix epoch before the position ``state`` (a
@@ -414,7 +415,8 @@ class _MapMix(Mix):
             raise bad_key(max(keys))
         if any(m.getitems is not None for m in self._members):
             return self._grouped(keys, shift)
-        getters, mask, out = [m.source.__getitem__ for m in self._members], (1 << shift) - 1, []
+        getters, mask = [m.source.__getitem__ for m in self._members], (1 << shift) - 1
+        out: list[Any] = []
         append = out.append
         try:
             for x in map(operator.invert, keys):
@@ -451,7 +453,7 @@ class _MapMix(Mix):
         exc.add_note(f"asyncloader.sources.Mix: sources[{self._setup.names[number]!r}]{what}")
 
 
-class _IterableMix(Mix, IterableDataset):
+class _IterableMix(Mix, IterableDataset[Any]):
     """A Mix with a sync iterable source: a sync ``IterableDataset``, which the loader pulls
     in the training process."""
 

@@ -101,7 +101,8 @@ class Run:
     def index(self, i: int, c: Cursor) -> int:
         """The item of map-style source ``i`` that cursor ``c``'s next draw of it reads."""
         order = self.members[i].order(c.epochs[i], c.cuts[i], self.layout)
-        return order[c.taken[i]]
+        item: int = order[c.taken[i]]
+        return item
 
     def block(self, c: Cursor, size: int) -> tuple[list[int], list[Any], bool]:
         """The next draws from cursor ``c``: ``(sources, items, by_rule)``, an item for each

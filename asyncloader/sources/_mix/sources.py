@@ -115,13 +115,15 @@ def open_sync(member: Member, epoch: int, own: dict[str, Any] | None) -> Iterato
     """A sync iterable source's iterator at its epoch ``epoch``, where ``own`` (its saved
     state, or None: its start) left it."""
     restore_dataset(member.source, own or {}, member.tell_epoch(epoch), True)
-    return open_iterator(member.source, own or {}, False)
+    iterator: Iterator[Any] = open_iterator(member.source, own or {}, False)
+    return iterator
 
 
 def open_async(member: Member, epoch: int, own: dict[str, Any] | None) -> AsyncIterator[Any]:
     """As :func:`open_sync`, for an async iterable source."""
     restore_dataset(member.source, own or {}, member.tell_epoch(epoch), True)
-    return open_iterator(member.source, own or {}, True)
+    iterator: AsyncIterator[Any] = open_iterator(member.source, own or {}, True)
+    return iterator
 
 
 def skip_sync(iterator: Iterator[Any], n: int) -> int:
