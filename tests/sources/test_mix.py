@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from asyncloader import AsyncLoader
 from asyncloader.sources import Mix, ShardedSource, SourceKind, source_kind
-from asyncloader.sources._mix.draw import CHUNK, random_chunk
+from asyncloader.sources._mix.draws import CHUNK, random_chunk
 from tests.helpers import Draws, shard_set
 from tests.helpers.contracts import (
     STOPS,

@@ -15,8 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asyncloader.sources._mix.run import BLOCK, Run
-from asyncloader.sources._mix.sources import (
+from asyncloader.sources._mix.members import (
     Member,
     close_async,
     close_sync,
@@ -25,6 +24,7 @@ from asyncloader.sources._mix.sources import (
     skip_async,
     skip_sync,
 )
+from asyncloader.sources._mix.runs import BLOCK, Run
 
 
 class AsyncRun(Run):

@@ -9,12 +9,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from asyncloader.sources._mix.draw import Cursor, Draws, Layout
-from asyncloader.sources._mix.pack import checked_packed
-from asyncloader.sources._mix.sources import Member, share_of
+from asyncloader.sources._mix.draws import Cursor, Draws, Layout
+from asyncloader.sources._mix.members import Member, share_of
 from asyncloader.sources._mix.state import (
     Setup,
     begun,
+    checked_packed,
     from_state,
     moved,
     next_epoch,

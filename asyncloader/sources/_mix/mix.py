@@ -1,13 +1,13 @@
 """Mix: samples drawn from several sources by weight, exact under resume and across ranks.
 
 Every draw is made where the Mix is iterated (the loader's training process), from uniforms
-that depend on (seed, epoch, position) only (:mod:`.draw`); the k-th draw of a source
+that depend on (seed, epoch, position) only (:mod:`.draws`); the k-th draw of a source
 takes that source's k-th sample in its own order. So the mix depends on the seed and the
-epoch, never on ``num_workers``, ranks or timing, and its state (:mod:`.pack`) is
+epoch, never on ``num_workers``, ranks or timing, and its state (:mod:`.state`) is
 positions: each source's place and the draws made.
 
 Three classes, chosen by ``Mix(...)`` from its sources: every source sync map-style, a
-map-style dataset whose sampler makes the draws (:mod:`.keys`: only keys leave the
+map-style dataset whose sampler makes the draws (:mod:`.runs`: only keys leave the
 training process); an async source, an async iterable; otherwise a sync
 ``IterableDataset``. Each is a :class:`Mix`.
 """
@@ -22,7 +22,10 @@ from torch.utils.data import Dataset, IterableDataset
 
 from asyncloader._base import check_ranks, resolve_ranks
 from asyncloader.sources._mix.ahead import AheadSamples, AsyncRun
-from asyncloader.sources._mix.check import (
+from asyncloader.sources._mix.draws import Layout
+from asyncloader.sources._mix.epochs import Tally, advance, replay
+from asyncloader.sources._mix.members import (
+    Member,
     all_sync_map,
     any_async,
     check_int,
@@ -30,13 +33,17 @@ from asyncloader.sources._mix.check import (
     check_stop,
     check_weights,
     refuse_copies,
+    share_of,
 )
-from asyncloader.sources._mix.draw import Layout
-from asyncloader.sources._mix.epochs import Tally, advance, replay
-from asyncloader.sources._mix.keys import MixSampler, bad_key, decode, shift_of
-from asyncloader.sources._mix.pack import pack, unpack
-from asyncloader.sources._mix.run import Run
-from asyncloader.sources._mix.sources import Member, share_of
+from asyncloader.sources._mix.runs import (
+    MixSampler,
+    Run,
+    SyncRun,
+    bad_key,
+    decode,
+    shift_of,
+    sync_samples,
+)
 from asyncloader.sources._mix.state import (
     TAILS,
     Setup,
@@ -44,10 +51,11 @@ from asyncloader.sources._mix.state import (
     fresh_cursor,
     moved,
     named,
+    pack,
     start_of,
     top,
+    unpack,
 )
-from asyncloader.sources._mix.sync import SyncRun, sync_samples
 
 
 class Mix(Dataset[Any]):
@@ -92,14 +100,14 @@ class Mix(Dataset[Any]):
     still gives the same samples, read here. Otherwise (an iterable or an async source) the
     Mix is an iterable (``async for`` with an async source), iterated in one place: with
     ``fetch_in_workers=True`` each worker would iterate a copy, and iterating one there
-    raises ValueError.
+    raises ValueError. ``Mix(...)`` builds the variant that :func:`variant_for` names.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Mix:
-        sources = args[0] if args else kwargs.get("sources")
+        """An instance of the variant :func:`variant_for` picks for the sources (a subclass
+        asked for by name is built as asked)."""
         if cls is Mix:
-            cls = _AsyncMix if any_async(sources) else _IterableMix
-            cls = _MapMix if all_sync_map(sources) else cls
+            cls = variant_for(args[0] if args else kwargs.get("sources"))
         return super().__new__(cls)
 
     def __init__(
@@ -177,7 +185,7 @@ class Mix(Dataset[Any]):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current (or next) iteration stands: the draws made, each source's place
-        and own state, the weights (packed: see :mod:`asyncloader.sources._mix.pack`).
+        and own state, the weights (packed: see :mod:`asyncloader.sources._mix.state`).
         Valid between any two samples; JSON-friendly."""
         if self._live is not None:
             return self._live.state()
@@ -377,7 +385,7 @@ class Mix(Dataset[Any]):
 
 class _MapMix(Mix):
     """A Mix of sync map-style sources only: a map-style dataset whose keys (negative ints,
-    see :mod:`.keys`) its sampler (:meth:`loader_sampler`) draws."""
+    see :mod:`.runs`) its sampler (:meth:`loader_sampler`) draws."""
 
     def loader_sampler(self) -> MixSampler:
         """The loader's protocol (``AsyncLoader`` iterates this instead of a sampler of its
@@ -468,3 +476,21 @@ class _AsyncMix(_IterableMix):
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError("this Mix has an async source: iterate it with `async for`")
+
+
+def variant_for(sources: Any) -> type[Mix]:
+    """The kind of Mix that ``sources`` get, so that the loader reads it in the right place:
+
+    - every source sync and map-style: :class:`_MapMix`, a map-style dataset whose sampler
+      draws (samples are read wherever the loader reads map-style samples, workers too);
+    - any source async: :class:`_AsyncMix`, an async iterable the loader iterates on its
+      event loop (sync map-style members are then read through it too);
+    - otherwise (a sync iterable among them): :class:`_IterableMix`, a sync
+      ``IterableDataset`` the loader pulls in the training process.
+
+    Sources that are not a mapping get :class:`_IterableMix`, whose ``__init__`` says what is
+    wrong with them.
+    """
+    if all_sync_map(sources):
+        return _MapMix
+    return _AsyncMix if any_async(sources) else _IterableMix
