@@ -35,7 +35,7 @@ check: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
 	$(PY) -m mypy
-	$(PY) -m pytest -q -n 2 -m "not slow"
+	ASYNCLOADER_TEST_DEPTH=quick $(PY) -m pytest -q -n 2 -m "not slow"
 
 # PyTorch's and torchdata's own DataLoader tests (tests/compat) against DataLoader and
 # StatefulDataLoader themselves: which of them pass here at all (docs/compatibility.md).

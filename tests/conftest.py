@@ -4,6 +4,7 @@ several modules share (on 127.0.0.1 only) start once per session."""
 import inspect
 import os
 
+import hypothesis
 import pytest
 import torch
 
@@ -13,6 +14,14 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 # Before tests.helpers is first imported: its checkers' asserts then report like a test's.
 pytest.register_assert_rewrite("tests.helpers")
+
+from tests.helpers.depth import QUICK, scaled  # noqa: E402  (after the rewrite hook)
+
+# Quick depth (make check): hypothesis tests without settings of their own try a quarter of
+# its default examples too.
+hypothesis.settings.register_profile("quick", max_examples=scaled(100))
+if QUICK:
+    hypothesis.settings.load_profile("quick")
 
 
 #: Test files that build a fresh venv, run jobs of several processes (torchrun, trainers,
@@ -35,6 +44,11 @@ FRESH_WORKERS = ("spawn", "forkserver")
 SLOW_TESTS = frozenset({
     "test_one_hundred_breaks_mid_epoch_leave_nothing_behind",
     "test_timeout_is_raised_after_about_timeout_seconds",
+    # scripts in fresh interpreters, or workers spawned anew, by helpers of their own
+    "test_forked_or_guarded_scripts_run",
+    "test_a_field_of_a_dataset_under_spawned_workers",
+    "test_mp_context_is_honoured",
+    "test_what_pickles_passes_and_the_fix_works",
 })  # fmt: skip
 
 

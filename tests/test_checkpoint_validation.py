@@ -20,6 +20,7 @@ from asyncloader import AsyncLoader
 from asyncloader.sources import ShardedSource
 from tests.helpers import shard_set
 from tests.helpers.contracts import state_after
+from tests.helpers.depth import scaled
 from tests.helpers.sources import CountingIterator
 from tests.test_state import as_version_3
 
@@ -424,7 +425,7 @@ def test_a_tampered_state_is_refused_naming_the_field_and_the_loader_resumes_as_
     loader.load_state_dict(good)
     paths = [p for p in fields(good) if p not in optional]
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=scaled(200), deadline=None, suppress_health_check=list(HealthCheck))
     @given(path=st.sampled_from(paths), value=st.one_of(st.just(DELETE), JUNK))
     def tamper(path: tuple, value: Any) -> None:
         if value is not DELETE and path[-1] in USERS:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import pytest
 
 from asyncloader import AsyncLoader
+from tests.helpers.depth import scaled
 from tests.helpers.schedules import Schedule, run_block
 from tests.helpers.virtual_clock import VirtualClockLoop, virtual_time
 
-RUNS = 160
+RUNS = scaled(160)
 
 
 class ScheduledSource:

@@ -20,10 +20,11 @@ from asyncloader._base.failure import Failure
 from asyncloader._base.skipping import Trimmed
 from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._worker.fetch import Fetcher
+from tests.helpers.depth import scaled
 from tests.helpers.schedules import Schedule, run_block
 from tests.helpers.virtual_clock import VirtualClockLoop, virtual_time
 
-RUNS = 400
+RUNS = scaled(400)
 
 
 class ChaosTuner(FetchTuner):

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from asyncloader._base.failure import Failure
 from asyncloader._worker.fetch import Fetcher
+from tests.helpers.depth import scaled
 
 SETTLE_STEPS = 30  # loop iterations after a step: more than any chain of hand-offs takes
 
@@ -170,5 +171,7 @@ class FetcherMachine(RuleBasedStateMachine):
             self.loop.close()
 
 
-FetcherMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+FetcherMachine.TestCase.settings = settings(
+    max_examples=scaled(300), stateful_step_count=40, deadline=None
+)
 TestFetcher = FetcherMachine.TestCase

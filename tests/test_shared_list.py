@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncloader import AsyncLoader, SharedList
+from tests.helpers.depth import scaled
 
 #: The records of the copy-on-read test: 24,576 of 4 KiB, 96 MiB in all.
 RECORD_BYTES = 4096
@@ -41,7 +42,7 @@ records = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=scaled(60), deadline=None)
 @given(st.lists(records, max_size=40))
 def test_contents_equal_the_records(values):
     """len, every index (negative ones too) and iteration give back the records."""
@@ -97,7 +98,7 @@ def test_integer_like_indices_are_accepted():
     assert shared[torch.tensor(-1)] == "c"
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=scaled(100), deadline=None)
 @given(
     st.integers(0, 12),
     st.none() | st.integers(-15, 15),

@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from asyncloader._base.reorder import ReorderBuffer
 from asyncloader._base.window import Window
+from tests.helpers.depth import scaled
 
 SETTLE_STEPS = 20
 
@@ -147,7 +148,7 @@ class ReorderMachine(RuleBasedStateMachine):
         self.loop.close()
 
 
-quick = settings(max_examples=150, stateful_step_count=30, deadline=None)
+quick = settings(max_examples=scaled(150), stateful_step_count=30, deadline=None)
 WindowMachine.TestCase.settings = quick
 ReorderMachine.TestCase.settings = quick
 TestWindow = WindowMachine.TestCase
