@@ -14,6 +14,7 @@ from asyncloader.sources._objectstore import ObjectStoreSource
 from asyncloader.sources._retry import Retry
 from asyncloader.sources._sharded.source import ShardedSource
 from asyncloader.sources._skips import Skipped, drop_skipped, pass_skipped
+from asyncloader.sources._tokens.packed import Packed
 
 __all__ = [
     "AsyncMapSource",
@@ -23,6 +24,7 @@ __all__ = [
     "MapSource",
     "Mix",
     "ObjectStoreSource",
+    "Packed",
     "Retry",
     "ShardedSource",
     "Skipped",
