@@ -165,3 +165,32 @@ def test_set_epoch_and_set_rank_reach_the_source():
     packed.set_epoch(3)
     packed.set_rank(1, 2)
     assert told == [("epoch", 3), ("rank", 1, 2)]
+
+
+class SplitDocs(Docs):
+    """Each worker's copy takes every ``num_workers``-th document (get_worker_info)."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        docs = self.docs if info is None else self.docs[info.id :: info.num_workers]
+        return _DocsIterator(docs)
+
+
+def test_each_worker_packs_its_own_share_and_resumes_it():
+    docs = documents(90, seed=5)
+    opts = {"batch_size": 2, "num_workers": 2, "fetch_in_workers": True}
+    share = sorted(t for w in (0, 1) for t, _ in expected_rows(docs[w::2], 12))
+    whole = [
+        r for b in AsyncLoader(Packed(SplitDocs(docs), 12), **opts) for r in b["input_ids"].tolist()
+    ]
+    assert sorted(whole) == share
+    loader = AsyncLoader(Packed(SplitDocs(docs), 12), **opts)
+    it, first = iter(loader), []
+    for _ in range(5):
+        first += next(it)["input_ids"].tolist()
+    state = loader.state_dict()
+    del it
+    resumed = AsyncLoader(Packed(SplitDocs(docs), 12), **opts)
+    resumed.load_state_dict(state)
+    rest = [r for b in resumed for r in b["input_ids"].tolist()]
+    assert first + rest == whole
