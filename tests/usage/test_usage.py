@@ -298,14 +298,22 @@ def interrupt(loader: str, to_group: bool, tmp_path: Path) -> Interrupted:
 @pytest.mark.parametrize("name", list(INTERRUPTS))
 def test_ctrl_c_mid_epoch_ends_the_script_and_its_processes(name, tmp_path):
     """SIGINT mid-epoch ends either loader's script by KeyboardInterrupt, all of it in 5 s."""
-    runs = {loader: interrupt(loader, INTERRUPTS[name], tmp_path) for loader in LOADERS}
-    for run in runs.values():
-        print(run.describe())
-    expected, got = runs["torch"], runs["async"]
-    assert expected.family >= 2, f"DataLoader: no workers\n{expected.describe()}"
-    # DataLoader's workers sometimes print a BrokenPipeError of their queue's feeder thread
-    # beside the user's KeyboardInterrupt: the reference is held to the rest.
-    bad = expected.problems(tracebacks=False)
-    assert not bad, f"DataLoader: {bad}\n{expected.describe()}"
+    got = interrupt("async", INTERRUPTS[name], tmp_path)
+    print(got.describe())
     assert got.family >= 2, f"AsyncLoader: no workers\n{got.describe()}"
     assert not got.problems(), f"AsyncLoader: {got.problems()}\n{got.describe()}"
+    # DataLoader, run the same way, shows the scenario is a fair one. On a loaded machine its
+    # main process, interrupted while receiving a batch's shared memory, sometimes never
+    # exits (its own hang), and its workers sometimes print their queue feeder thread's
+    # BrokenPipeError beside the KeyboardInterrupt: the reference is held to the rest.
+    try:
+        expected = interrupt("torch", INTERRUPTS[name], tmp_path)
+    except AssertionError as exc:
+        if "still running after" not in str(exc):
+            raise
+        print(f"DataLoader hung after the SIGINT (its own hang, not compared): {exc}")
+        return
+    print(expected.describe())
+    assert expected.family >= 2, f"DataLoader: no workers\n{expected.describe()}"
+    bad = expected.problems(tracebacks=False)
+    assert not bad, f"DataLoader: {bad}\n{expected.describe()}"
