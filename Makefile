@@ -21,13 +21,14 @@ $(VENV)/.bench-installed: pyproject.toml constraints.txt | $(PY)
 demo: $(VENV)/.dev-installed
 	$(PY) examples/http_demo.py
 
-# Two pytest processes (pytest-xdist), each taking whole test files: a file's module-wide
-# fixtures (the Ray cluster, the servers) start once.
+# One pytest process: beside a second one (pytest-xdist), the Ctrl-C tests saw their scripts,
+# DataLoader's and AsyncLoader's alike, outlive the SIGINT by 90 s, twice in three full runs,
+# not yet explained. make check runs its tier in two.
 test: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
 	$(PY) -m mypy
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 # The tier for every edit: lint, format, types and the tests not marked slow (no fresh venv, no job of
 # several interpreters, no Ray, trainer, external store, soak or fuzz matrix; tests/conftest.py).
