@@ -303,15 +303,15 @@ def test_ctrl_c_mid_epoch_ends_the_script_and_its_processes(name, tmp_path):
     assert got.family >= 2, f"AsyncLoader: no workers\n{got.describe()}"
     assert not got.problems(), f"AsyncLoader: {got.problems()}\n{got.describe()}"
     # DataLoader, run the same way, shows the scenario is a fair one. On a loaded machine its
-    # main process, interrupted while receiving a batch's shared memory, sometimes never
-    # exits (its own hang), and its workers sometimes print their queue feeder thread's
-    # BrokenPipeError beside the KeyboardInterrupt: the reference is held to the rest.
+    # script sometimes outlives the SIGINT (then it is not compared), and its workers
+    # sometimes print their queue feeder thread's BrokenPipeError beside the
+    # KeyboardInterrupt: the reference is held to the rest.
     try:
         expected = interrupt("torch", INTERRUPTS[name], tmp_path)
     except AssertionError as exc:
         if "still running after" not in str(exc):
             raise
-        print(f"DataLoader hung after the SIGINT (its own hang, not compared): {exc}")
+        print(f"DataLoader outlived the SIGINT (not compared): {exc}")
         return
     print(expected.describe())
     assert expected.family >= 2, f"DataLoader: no workers\n{expected.describe()}"
