@@ -298,6 +298,9 @@ def interrupt(loader: str, to_group: bool, tmp_path: Path) -> Interrupted:
 @pytest.mark.parametrize("name", list(INTERRUPTS))
 def test_ctrl_c_mid_epoch_ends_the_script_and_its_processes(name, tmp_path):
     """SIGINT mid-epoch ends either loader's script by KeyboardInterrupt, all of it in 5 s."""
+    # Children inherit an ignored SIGINT: a test before this one that set a worker up in this
+    # process (SIGINT ignored there) would leave every script deaf to the SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     got = interrupt("async", INTERRUPTS[name], tmp_path)
     print(got.describe())
     assert got.family >= 2, f"AsyncLoader: no workers\n{got.describe()}"
