@@ -23,7 +23,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from asyncloader import AsyncLoader
-from asyncloader.sources import FileSource, HTTPSource, ObjectStoreSource, Retry, ShardedSource
+from asyncloader.sources import (
+    FileSource,
+    HTTPSource,
+    ObjectStoreSource,
+    ParquetSource,
+    Retry,
+    ShardedSource,
+)
 from tests.helpers import (
     AsyncIterSource,
     AsyncSource,
@@ -35,6 +42,7 @@ from tests.helpers import (
     jitter,
     shard_set,
 )
+from tests.helpers.columnar import parquet_set
 from tests.helpers.contracts import (
     STOPS,
     check_bounded_window,
@@ -65,6 +73,8 @@ def body_id(data: bytes) -> int:
 
 ITEMS = {f"contracts/{i:04d}": body(i) for i in range(N)}
 SHARDS = {f"contracts/{name}": data for name, data in shard_set(5, SHARD_SIZES).items()}
+# N rows in three files of uneven row groups (row groups of 4: 5 + 4 + 2 of them).
+PARQUET = {f"contracts/{name}": data for name, data in parquet_set([17, 16, 9], 4).items()}
 
 
 # The servers' threads live as long as their fixtures: module-scoped, not session-scoped, so
@@ -74,7 +84,8 @@ SHARDS = {f"contracts/{name}": data for name, data in shard_set(5, SHARD_SIZES).
 @pytest.fixture(scope="module")
 def contract_http():
     """ITEMS and SHARDS served on 127.0.0.1, each response after a random latency."""
-    with FaultyHTTPServer(ITEMS | SHARDS, Faults(jitter=JITTER_S, seed=SEED)) as server:
+    objects = ITEMS | SHARDS | PARQUET
+    with FaultyHTTPServer(objects, Faults(jitter=JITTER_S, seed=SEED)) as server:
         yield server
 
 
@@ -126,6 +137,13 @@ def sharded_tar(request) -> Callable[[], ShardedSource]:
     return lambda: ShardedSource(urls, **opts)
 
 
+def parquet(request) -> Callable[[], ParquetSource]:
+    server = request.getfixturevalue("contract_http")
+    urls = [server.url(name) for name in PARQUET]
+    opts = dict(shuffle=True, shuffle_buffer=6, row_group_concurrency=3, retry=FAST, seed=SEED)
+    return lambda: ParquetSource(urls, **opts)
+
+
 def row_id(row: Any) -> int:
     return int(row[0])
 
@@ -172,6 +190,7 @@ KINDS = [
     # Each loader makes its own S3 client (~0.4 s): five stops, not twelve.
     Kind("object-store", object_store, body_id, True, BYTES, resume_points=(0, 1, 6, 10, 11)),
     Kind("sharded-tar", sharded_tar, key_id, False, BYTES | STREAM),
+    Kind("parquet", parquet, lambda row: row["id"], False, BYTES | STREAM),
 ]
 # Where the work runs: this process's loop and threads; 2 workers transforming (and calling
 # a sync __getitem__); 2 workers fetching too, each on its own loop and iterating its own copy

@@ -3,10 +3,12 @@
 Each source here is usable directly as the loader's dataset::
 
     from asyncloader.sources import HTTPSource, ObjectStoreSource, FileSource, ShardedSource
+    from asyncloader.sources import ParquetSource, Packed, Mix, DiskCache
 """
 
 from asyncloader._base import AsyncMapSource, MapSource, SourceKind, source_kind
 from asyncloader.sources._cache.disk_cache import DiskCache
+from asyncloader.sources._columnar.parquet import ParquetSource
 from asyncloader.sources._files import FileSource
 from asyncloader.sources._http import HTTPSource
 from asyncloader.sources._mix.mix import Mix
@@ -25,6 +27,7 @@ __all__ = [
     "Mix",
     "ObjectStoreSource",
     "Packed",
+    "ParquetSource",
     "Retry",
     "ShardedSource",
     "Skipped",

@@ -144,16 +144,19 @@ def _validators(resp: aiohttp.ClientResponse) -> dict[str, str]:
     return {name: value for name, value in found.items() if value is not None}
 
 
-def _same_object(resp: aiohttp.ClientResponse, start: int, pin: dict[str, Any]) -> None:
-    """Pins the validators of a stream's first reply (and of any reply from byte 0: nothing
-    of the object was used yet); a reply from later on must show the same strong ETag, or
-    without one, the same validators (ETag, Last-Modified, size) as were pinned.
+def _same_object(
+    resp: aiohttp.ClientResponse, start: int, pin: dict[str, Any], *, repin: bool = True
+) -> None:
+    """Pins the validators of a stream's first reply (and, with ``repin``, of any reply from
+    byte 0: nothing of the object was used yet); a reply from later on must show the same
+    strong ETag, or without one, the same validators (ETag, Last-Modified, size) as were
+    pinned.
 
     Raises:
         Permanent: The object changed (or no longer shows a validator it showed).
     """
     seen = _validators(resp)
-    if start == 0 or "validators" not in pin:
+    if (repin and start == 0) or "validators" not in pin:
         pin["validators"] = seen
         pin.pop("etag", None)
         if not seen.get("ETag", "W/").startswith("W/"):  # If-Match compares strongly

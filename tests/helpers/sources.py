@@ -167,9 +167,9 @@ def add_one(x: np.ndarray) -> np.ndarray:
 
 def jitter(x: Any) -> Any:
     """A transform that waits a random latency fixed per sample (an array's first value, or a
-    dict's ``__key__``), up to a quarter of MAX_LATENCY_S, so batches finish out of order in
-    the executor; returns ``x``."""
-    name = x["__key__"] if isinstance(x, dict) else int(x[0])
+    dict's ``__key__`` or ``id``), up to a quarter of MAX_LATENCY_S, so batches finish out of
+    order in the executor; returns ``x``."""
+    name = x.get("__key__", x.get("id")) if isinstance(x, dict) else int(x[0])
     time.sleep(random.Random(name).random() * MAX_LATENCY_S / 4)
     return x
 

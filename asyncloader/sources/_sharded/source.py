@@ -154,6 +154,8 @@ class ShardedSource(ShardReading):
         self._client = with_cache(client, cache)
         self._seed, self._shuffle, self._epoch = seed, bool(shuffle), 0
         self._buffer_size, self._concurrency = shuffle_buffer, shard_concurrency
+        #: Slices whose samples are taken in turn (see .interleave); read ahead: _concurrency.
+        self._width = shard_concurrency
         self._initial = shuffle_initial
         self._rank, self._world, self._tail = rank, world_size, distributed_tail
         self._decode, self._retry = decode, retry
@@ -318,7 +320,7 @@ class ShardedSource(ShardReading):
             )
         order = shard_order(len(self._urls), self._seed, self._epoch, self._shuffle)
         size = self._buffer_size if self._shuffle else 1
-        streams = Streams(self._concurrency, size, self._rng)
+        streams = Streams(self._width, size, self._rng)
         where = (rank, world, worker, workers)
         return remainder_plan(self._counts, order, history, streams, where, split, tail)
 
@@ -369,12 +371,17 @@ class ShardedSource(ShardReading):
             plan_cache(self._client, [self._urls[s.shard] for s in slices])
             rng = self._rng(rank, worker, workers, len(history))
             return ShardStream(
-                slices, self.items, rng, self._buffer_size, self._concurrency, position
+                slices, self.items, rng, self._buffer_size, self._concurrency, position, self._width
             )
 
-        if self._counts is None and (self._at_most is not None or world > 1 or history):
+        if self._counts is None and self._counts_first(world, history):
             return AfterCounting(self.count_samples, stream)
         return stream()
+
+    def _counts_first(self, world: int, history: Sequence[StreamCut]) -> bool:
+        """Whether an iteration must count the shards' samples before its plan (the counts
+        are not known yet): to split them across ranks, or what an epoch had left."""
+        return self._at_most is not None or world > 1 or bool(history)
 
     async def count_samples(self) -> list[int]:
         """The samples in each shard, counted by reading every shard through once (a tar

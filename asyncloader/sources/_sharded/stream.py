@@ -86,10 +86,12 @@ class ShardStream:
             samples ``i`` with ``want(i)``, reading past (undecoded) the others.
         rng: The shuffle buffer's RNG, seeded from (seed, epoch, rank); None: no shuffling.
         buffer_size: Shuffle buffer size.
-        concurrency: Slices read at once, and slots of the interleave.
+        concurrency: Slices read at once.
         position: Counts the samples handed out; its ``yielded`` is where this pass starts,
             its ``initial`` how full the buffer gets before the first draw (see
             :mod:`.interleave`).
+        width: Slots of the interleave (default ``concurrency``); with fewer, the other
+            slices read are read ahead of their turn.
 
     Invariant: ``len(buffer) <= buffer_size``, each queue holds ``<= DEPTH`` samples.
     """
@@ -102,7 +104,9 @@ class ShardStream:
         buffer_size: int,
         concurrency: int,
         position: Position,
+        width: int | None = None,
     ) -> None:
+        width = concurrency if width is None else width
         self._slices, self._items, self._rng = slices, items, rng
         self._size = buffer_size if rng is not None else 1
         initial = position.initial
@@ -113,12 +117,12 @@ class ShardStream:
         self._done = False
         lengths = [s.take for s in slices if s.take is not None]
         if position.yielded and len(lengths) == len(slices):
-            back = rewind(lengths, concurrency, rng, self._size, position.yielded, self._initial)
+            back = rewind(lengths, width, rng, self._size, position.yielded, self._initial)
             self._inter, self._done = back.interleave, back.done
             self._wanted = {pos: i for i, pos in enumerate(back.buffer)}
             self._buffer = [_MISSING] * len(back.buffer)
         else:  # from the start; without lengths, replay and drop what went out before
-            self._inter, self._wanted = Interleave(len(slices), concurrency), {}
+            self._inter, self._wanted = Interleave(len(slices), width), {}
             self._drop, position.yielded = position.yielded, 0
         self._missing = len(self._wanted)
         # Where each slice's reader starts: its first buffered position, else where the
