@@ -26,6 +26,7 @@ from asyncloader import AsyncLoader
 from asyncloader.sources import (
     FileSource,
     HTTPSource,
+    JsonlSource,
     ObjectStoreSource,
     ParquetSource,
     Retry,
@@ -42,7 +43,7 @@ from tests.helpers import (
     jitter,
     shard_set,
 )
-from tests.helpers.columnar import parquet_set
+from tests.helpers.columnar import jsonl_bytes, parquet_set, rows
 from tests.helpers.contracts import (
     STOPS,
     check_bounded_window,
@@ -75,6 +76,11 @@ ITEMS = {f"contracts/{i:04d}": body(i) for i in range(N)}
 SHARDS = {f"contracts/{name}": data for name, data in shard_set(5, SHARD_SIZES).items()}
 # N rows in three files of uneven row groups (row groups of 4: 5 + 4 + 2 of them).
 PARQUET = {f"contracts/{name}": data for name, data in parquet_set([17, 16, 9], 4).items()}
+# N lines in three zstd-compressed JSON Lines files.
+JSONL = {
+    f"contracts/lines-{k}.jsonl.zst": jsonl_bytes(rows(first, n), "zst")
+    for k, (first, n) in enumerate([(0, 20), (20, 9), (29, 13)])
+}
 
 
 # The servers' threads live as long as their fixtures: module-scoped, not session-scoped, so
@@ -84,7 +90,7 @@ PARQUET = {f"contracts/{name}": data for name, data in parquet_set([17, 16, 9], 
 @pytest.fixture(scope="module")
 def contract_http():
     """ITEMS and SHARDS served on 127.0.0.1, each response after a random latency."""
-    objects = ITEMS | SHARDS | PARQUET
+    objects = ITEMS | SHARDS | PARQUET | JSONL
     with FaultyHTTPServer(objects, Faults(jitter=JITTER_S, seed=SEED)) as server:
         yield server
 
@@ -144,6 +150,13 @@ def parquet(request) -> Callable[[], ParquetSource]:
     return lambda: ParquetSource(urls, **opts)
 
 
+def jsonl(request) -> Callable[[], JsonlSource]:
+    server = request.getfixturevalue("contract_http")
+    urls = [server.url(name) for name in JSONL]
+    opts = dict(shuffle=True, shuffle_buffer=6, lines_per_file=[20, 9, 13], retry=FAST, seed=SEED)
+    return lambda: JsonlSource(urls, **opts)
+
+
 def row_id(row: Any) -> int:
     return int(row[0])
 
@@ -191,6 +204,7 @@ KINDS = [
     Kind("object-store", object_store, body_id, True, BYTES, resume_points=(0, 1, 6, 10, 11)),
     Kind("sharded-tar", sharded_tar, key_id, False, BYTES | STREAM),
     Kind("parquet", parquet, lambda row: row["id"], False, BYTES | STREAM),
+    Kind("jsonl", jsonl, lambda row: row["id"], False, BYTES | STREAM),
 ]
 # Where the work runs: this process's loop and threads; 2 workers transforming (and calling
 # a sync __getitem__); 2 workers fetching too, each on its own loop and iterating its own copy

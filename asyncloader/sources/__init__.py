@@ -3,11 +3,12 @@
 Each source here is usable directly as the loader's dataset::
 
     from asyncloader.sources import HTTPSource, ObjectStoreSource, FileSource, ShardedSource
-    from asyncloader.sources import ParquetSource, Packed, Mix, DiskCache
+    from asyncloader.sources import ParquetSource, JsonlSource, Packed, Mix, DiskCache
 """
 
 from asyncloader._base import AsyncMapSource, MapSource, SourceKind, source_kind
 from asyncloader.sources._cache.disk_cache import DiskCache
+from asyncloader.sources._columnar.jsonl import JsonlSource
 from asyncloader.sources._columnar.parquet import ParquetSource
 from asyncloader.sources._files import FileSource
 from asyncloader.sources._http import HTTPSource
@@ -23,6 +24,7 @@ __all__ = [
     "DiskCache",
     "FileSource",
     "HTTPSource",
+    "JsonlSource",
     "MapSource",
     "Mix",
     "ObjectStoreSource",

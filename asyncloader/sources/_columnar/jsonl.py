@@ -1,0 +1,267 @@
+"""JsonlSource: the lines of JSON Lines files, plain or compressed, as an async iterable source.
+
+It is a :class:`~asyncloader.sources.ShardedSource` whose shards are files and whose samples
+are their lines: the order, the rank and worker split, exact resume (also at another world
+size), the shuffle buffer (files in a seeded order plus a buffer of lines), ``on_error``
+and the disk cache are the sharded source's, with the same guarantees.
+
+A file streams as it is read and is decompressed as it arrives (``.gz``; ``.zst`` with the
+``zstandard`` package). Blank lines are not samples. A stream that breaks is resumed: a plain
+file at the byte after its last whole line, a compressed one from its start, decompressing
+past the lines it had already given (a compressed stream has no byte offset to resume at).
+Resuming an epoch skips the lines delivered the same way, reading past them without parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE
+from asyncloader.sources._redact import redact_url, url_secrets
+from asyncloader.sources._retry import Attempts, Permanent, Retry
+from asyncloader.sources._sharded.shardplan import Slice, miscounted
+from asyncloader.sources._sharded.source import ShardedSource
+
+if TYPE_CHECKING:
+    from asyncloader.sources._cache.disk_cache import DiskCache
+
+COMPRESSIONS = ("infer", None, "gzip", "zstd")
+_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+def compression_of(url: str, compression: str | None) -> str | None:
+    """The compression of ``url``: ``compression``, or with ``"infer"`` its suffix's."""
+    if compression != "infer":
+        return compression
+    path = url.split("?", 1)[0].lower()
+    return next((kind for suffix, kind in _SUFFIXES.items() if path.endswith(suffix)), None)
+
+
+class Inflate:
+    """Decompresses a stream chunk by chunk, across concatenated members (gzip) or frames
+    (zstd); ``None`` passes the bytes through."""
+
+    def __init__(self, kind: str | None) -> None:
+        self.kind = kind
+        self._new: Callable[[], Any] | None = None
+        if kind == "gzip":
+            self._new = lambda: zlib.decompressobj(wbits=47)  # gzip or zlib header
+        elif kind == "zstd":
+            try:
+                import zstandard
+            except ImportError as exc:
+                raise ImportError(
+                    "a .zst file needs zstandard: pip install 'asyncloader[zstd]'"
+                ) from exc
+            self._new = zstandard.ZstdDecompressor().decompressobj
+        self._obj = self._new() if self._new is not None else None
+        self._inside = False  # the current member or frame has had input and not ended
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._obj is None or self._new is None:
+            return chunk
+        out = []
+        while chunk:
+            try:
+                out.append(self._obj.decompress(chunk))
+            except Exception as exc:
+                raise Permanent(f"corrupt {self.kind} data: {type(exc).__name__}: {exc}") from None
+            self._inside = not self._obj.eof
+            if self._inside:
+                break
+            chunk = self._obj.unused_data  # the next member or frame
+            self._obj = self._new()
+        return b"".join(out)
+
+    def finish(self) -> None:
+        """Raises Permanent when the stream ended inside a member or frame (truncated)."""
+        if self._inside:
+            raise Permanent(f"truncated {self.kind} data: the stream ended inside a frame")
+
+
+class JsonlSource(ShardedSource):
+    """An async iterable of the lines of JSON Lines files, each ``json.loads``-ed.
+
+    Args:
+        urls: Files: local paths, ``http(s)://`` URLs or fsspec URLs (``s3://...``).
+        compression: ``"infer"`` (default: ``.gz``/``.gzip`` gzip, ``.zst``/``.zstd`` zstd,
+            else none), None, ``"gzip"`` or ``"zstd"``.
+        lines_per_file: Lines in each file (as ``samples_per_shard``); without, the files
+            are counted (read once) where ranks, ``len()`` or ``on_error="skip"`` need it.
+        shuffle: Shuffle the files' order each epoch, and the lines through a buffer.
+        seed, shuffle_buffer, shuffle_initial, rank, world_size, distributed_tail,
+        storage_options, headers, cache, timeout, retry, max_connections: As for
+            :class:`ShardedSource`; ``file_concurrency`` is its ``shard_concurrency``.
+        on_error: ``"raise"`` (default), or ``"skip"``: a malformed line is skipped, a file
+            that fails for good skips its remaining lines; each counted in ``skipped``.
+        max_skipped: The most lines to skip with ``on_error="skip"``.
+        max_object_size: Longest line accepted, in bytes (decompressed).
+
+    Raises (at run time):
+        ValueError: A malformed line, naming the file and line number (1-based, blank
+            lines counted).
+        FetchError: A file that cannot be read or decompressed.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        /,
+        *,
+        compression: str | None = "infer",
+        lines_per_file: int | Sequence[int] | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        shuffle_initial: int | None = None,
+        file_concurrency: int = 4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        distributed_tail: str = "drop",
+        storage_options: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        cache: DiskCache | None = None,
+        timeout: float = 30.0,
+        retry: Retry | None = None,
+        on_error: str = "raise",
+        max_skipped: int | None = None,
+        max_object_size: int | None = DEFAULT_MAX_OBJECT_SIZE,
+        max_connections: int | None = None,
+    ) -> None:
+        if on_error == "skip" and lines_per_file is None:
+            raise ValueError("on_error='skip' needs lines_per_file, to count what it skips")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        super().__init__(
+            urls,
+            samples_per_shard=lines_per_file,
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            shuffle_initial=shuffle_initial,
+            shard_concurrency=file_concurrency,
+            rank=rank,
+            world_size=world_size,
+            distributed_tail=distributed_tail,
+            decode=_parse_line,
+            storage_options=storage_options,
+            headers=headers,
+            cache=cache,
+            timeout=timeout,
+            retry=retry,
+            on_error=on_error,
+            max_skipped=max_skipped,
+            max_object_size=max_object_size,
+            max_connections=max_connections,
+        )
+        self._compression = compression
+        # Unshuffled, lines come in file order; the next files are read ahead meanwhile.
+        self._width = file_concurrency if shuffle else 1
+
+    async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
+        """The raw lines ``[skip, skip + take)`` of one file, as ``{"__url__", "__key__"
+        (``"line N"``), "line"}``; parsed by the source's decode step."""
+        url = self._urls[slc.shard]
+        target = self._client.shown(url)
+        attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))
+        end = None if slc.take is None else slc.skip + slc.take
+        declared = None if self._counts is None else self._counts[slc.shard]
+        lines = _Lines(compression_of(url, self._compression), self._max_member)
+        pin: dict[str, Any] = {}
+        while True:
+            chunks = self._client.stream(url, lines.resume_at(), pin)
+            try:
+                async for chunk in chunks:
+                    attempts.progressed()
+                    for i, number, raw in lines.feed(chunk):
+                        if i >= slc.skip:
+                            yield {"__url__": target, "__key__": f"line {number}", "line": raw}
+                        if i + 1 == end:
+                            return
+                for i, number, raw in lines.finish():  # a last line without a newline
+                    if i >= slc.skip:
+                        yield {"__url__": target, "__key__": f"line {number}", "line": raw}
+                if (end is not None and lines.seen < end) or (
+                    declared is not None and lines.seen != declared
+                ):
+                    raise miscounted(slc.shard, declared, lines.seen)
+                return
+            except Exception as exc:
+                if isinstance(exc, ValueError):  # miscounted: not the stream's failure
+                    raise
+                await attempts.failed(exc)
+                lines.restart()
+            finally:
+                await chunks.aclose()
+
+    def __repr__(self) -> str:
+        first = redact_url(self._urls[0])
+        return f"JsonlSource(<{len(self._urls)} files: {first}, ...>, {self._client!r})"
+
+
+def _parse_line(sample: dict[str, Any]) -> Any:
+    """One line's JSON value. Raises ValueError naming the file and line."""
+    try:
+        return json.loads(sample["line"])
+    except ValueError as exc:
+        raise ValueError(f"{sample['__url__']}: {sample['__key__']} is not JSON: {exc}") from None
+
+
+class _Lines:
+    """Splits a file's (decompressed) bytes into numbered lines, blank lines left out, and
+    knows where a broken stream resumes.
+
+    ``seen`` counts the non-blank lines given; ``number`` the lines read (1-based)."""
+
+    def __init__(self, compression: str | None, limit: int | None) -> None:
+        self._compression, self._limit = compression, limit
+        self.seen = 0  # non-blank lines given, over all attempts
+        self._given = 0  # ... by the current attempt, when it replays from the start
+        self._number = 0  # lines read by the current attempt
+        self._offset = 0  # a plain file's byte after the last whole line
+        self._inflate = Inflate(compression)
+        self._rest = b""
+
+    def resume_at(self) -> int:
+        return self._offset if self._compression is None else 0
+
+    def restart(self) -> None:
+        """A broken stream: a plain file continues after its last whole line, a compressed
+        one replays from its start, past the lines already given."""
+        self._rest = b""
+        if self._compression is not None:
+            self._inflate = Inflate(self._compression)
+            self._given, self._number = 0, 0
+
+    def feed(self, chunk: bytes) -> list[tuple[int, int, bytes]]:
+        """``(index, number, line)`` of the whole lines ``chunk`` completes, not given
+        before: ``index`` counts the file's non-blank lines from 0, ``number`` all its
+        lines from 1."""
+        data = self._rest + self._inflate.feed(chunk)
+        parts = data.split(b"\n")
+        self._rest = parts.pop()
+        if self._limit is not None and len(self._rest) > self._limit:
+            raise Permanent(f"a line over max_object_size={self._limit} bytes")
+        return self._take(parts)
+
+    def finish(self) -> list[tuple[int, int, bytes]]:
+        """The last line, when the file does not end with a newline."""
+        self._inflate.finish()
+        rest, self._rest = self._rest, b""
+        return self._take([rest]) if rest.strip() else []
+
+    def _take(self, parts: list[bytes]) -> list[tuple[int, int, bytes]]:
+        out = []
+        for raw in parts:
+            self._number += 1
+            self._offset += len(raw) + 1
+            if not raw.strip():
+                continue
+            self._given += 1
+            if self._given > self.seen:  # not given by an earlier attempt
+                out.append((self.seen, self._number, raw))
+                self.seen += 1
+        return out

@@ -1,0 +1,143 @@
+"""JsonlSource: one dict per line, plain, gzip or zstd, decompressed as it streams; broken
+streams resumed without losing or repeating a line; malformed lines named by file and line.
+
+The loader-level contracts run over it in tests/test_contracts.py."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+
+import pytest
+import zstandard
+
+from asyncloader import AsyncLoader
+from asyncloader.errors import FetchError
+from asyncloader.sources import JsonlSource, Retry
+from tests.helpers.columnar import jsonl_bytes, rows
+from tests.servers import Faults
+
+FAST = Retry(attempts=6, backoff=0.001, max_backoff=0.01)
+SIZES = [30, 45, 25]
+TOTAL = sum(SIZES)
+SUFFIX = {None: ".jsonl", "gz": ".jsonl.gz", "zst": ".jsonl.zst"}
+
+
+def file_set(compression: str | None) -> dict[str, bytes]:
+    files, first = {}, 0
+    for k, n in enumerate(SIZES):
+        files[f"part-{k}{SUFFIX[compression]}"] = jsonl_bytes(rows(first, n), compression)
+        first += n
+    return files
+
+
+def write(tmp_path, files: dict[str, bytes]) -> list[str]:
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return [str(tmp_path / name) for name in files]
+
+
+def stream(source) -> list:
+    async def run():
+        return [row async for row in source]
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("compression", [None, "gz", "zst"])
+def test_lines_in_file_order(tmp_path, compression):
+    paths = write(tmp_path, file_set(compression))
+    assert stream(JsonlSource(paths)) == rows(0, TOTAL)
+    batches = list(AsyncLoader(JsonlSource(paths), batch_size=8, collate_fn=list))
+    assert [r["id"] for b in batches for r in b] == list(range(TOTAL))
+
+
+def test_blank_lines_crlf_and_a_last_line_without_newline(tmp_path):
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes(b'{"a": 1}\r\n\n   \n{"a": 2}\n{"a": 3}')
+    assert stream(JsonlSource([str(path)])) == [{"a": 1}, {"a": 2}, {"a": 3}]
+
+
+def test_concatenated_members_and_frames(tmp_path):
+    """Files written in pieces (gzip members, zstd frames) are read across the pieces."""
+    first, second = jsonl_bytes(rows(0, 5)), jsonl_bytes(rows(5, 5))
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(first) + gzip.compress(second))
+    zst = zstandard.ZstdCompressor()
+    (tmp_path / "b.jsonl.zst").write_bytes(zst.compress(first) + zst.compress(second))
+    for name in ("a.jsonl.gz", "b.jsonl.zst"):
+        assert stream(JsonlSource([str(tmp_path / name)])) == rows(0, 10)
+
+
+@pytest.mark.parametrize("compression", [None, "gz", "zst"])
+def test_broken_streams_resume_without_loss_or_repeat(http_server, compression):
+    """Connections cut mid-file: a plain file resumes after its last whole line, a
+    compressed one replays past the lines it gave; every line comes once, in order."""
+    files = file_set(compression)
+    script = {name: ["reset:300", "truncate:500", "ok"] for name in files}
+    server = http_server(files, Faults(script=script))
+    source = JsonlSource([server.url(n) for n in files], retry=FAST)
+    assert [r["id"] for r in stream(source)] == list(range(TOTAL))
+    ranges = [r.range for r in server.requests if r.path.endswith("part-0" + SUFFIX[compression])]
+    assert len(ranges) == 3, ranges  # two cut, the third whole
+    if compression is None:
+        assert all(r and r != "bytes=0-" for r in ranges[1:]), ranges  # resumed at an offset
+
+
+def test_a_malformed_line_is_named_and_can_be_skipped(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"a": 1}\n\n{"a": oops}\n{"a": 3}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl: line 3 is not JSON"):
+        stream(JsonlSource([str(path)]))
+    source = JsonlSource([str(path)], on_error="skip", max_skipped=1, lines_per_file=[3])
+    assert stream(source) == [{"a": 1}, {"a": 3}]
+    assert source.skipped == 1 and "line 3" in source.skip_log[0]
+    with pytest.raises(ValueError, match="needs lines_per_file"):
+        JsonlSource([str(path)], on_error="skip", max_skipped=1)
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_a_truncated_compressed_file_is_a_fetch_error(tmp_path, compression):
+    data = file_set(compression)[f"part-1{SUFFIX[compression]}"]
+    path = tmp_path / f"cut{SUFFIX[compression]}"
+    path.write_bytes(data[: len(data) - 7])
+    with pytest.raises(FetchError, match=r"truncated|corrupt") as caught:
+        stream(JsonlSource([str(path)]))
+    assert caught.value.target.endswith(path.name)
+
+
+def test_compression_is_checked():
+    with pytest.raises(ValueError, match="compression must be one of"):
+        JsonlSource(["a.jsonl"], compression="brotli")
+
+
+@pytest.mark.parametrize("compression", [None, "zst"])
+def test_source_state_resumes_exactly(tmp_path, compression):
+    paths = write(tmp_path, file_set(compression))
+
+    def make():
+        return JsonlSource(paths, shuffle=True, seed=3, shuffle_buffer=7, lines_per_file=SIZES)
+
+    async def run():
+        reference = [r["id"] async for r in make()]
+        assert sorted(reference) == list(range(TOTAL)) and reference != list(range(TOTAL))
+        for k in (0, 1, 29, 61, TOTAL - 1):
+            first = make()
+            it = aiter(first)
+            seen = [(await anext(it))["id"] for _ in range(k)]
+            state = json.loads(json.dumps(first.state_dict()))
+            await it.aclose()
+            second = make()
+            second.load_state_dict(state)
+            assert seen + [r["id"] async for r in second] == reference, k
+
+    asyncio.run(run())
+
+
+def test_ranks_split_the_lines_into_equal_shares(tmp_path):
+    """Without lines_per_file, the ranks count the files first."""
+    paths = write(tmp_path, file_set("gz"))
+    shares = [[r["id"] for r in stream(JsonlSource(paths, rank=k, world_size=3))] for k in range(3)]
+    assert [len(s) for s in shares] == [TOTAL // 3] * 3
+    every = [i for s in shares for i in s]
+    assert len(set(every)) == TOTAL - TOTAL % 3 == len(every)
