@@ -85,6 +85,7 @@ from asyncloader._base.structure import DESCEND, map_structure, nbytes, tensors_
 from asyncloader._base.threads import (
     call_in_thread,
     finalize_here,
+    heap_frozen,
     holding,
     keep_torch_threads,
     loader_threads,
@@ -167,6 +168,7 @@ __all__ = [
     "forking_reducers",
     "get_worker_info",
     "has_getitems",
+    "heap_frozen",
     "holding",
     "is_auto",
     "is_stateful",

@@ -139,6 +139,31 @@ def loops_parked(timeout: float = PARK_S) -> Iterator[None]:
             _parked -= 1
 
 
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Within: every object is in the collector's permanent generation (``gc.freeze()``), so a
+    child forked here never collects what it inherited; the parent's objects are unfrozen
+    after, as they were.
+
+    Garbage of the parent that the child collects runs its finalizers in the child, against
+    state the two share: an aiohttp connector closing its sockets there unregisters them from
+    the parent's epoll (one kernel object for both), whose event loop then waits for ever
+    (fsspec's loop under ``datasets`` streaming; fsspec's fork hook drops the child's
+    references to it, leaving it to the child's collector). Python's docs recommend freezing
+    before a fork for copy-on-write too. When objects were frozen before (by the program), the
+    program's choice is left alone: the garbage is collected here, in the parent, instead.
+    """
+    if gc.get_freeze_count():
+        gc.collect()
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def finalize_here(obj: object, fn: Callable[..., Any], *args: Any) -> weakref.finalize[..., object]:
     """``weakref.finalize(obj, fn, *args)`` that calls ``fn`` only in the process that made
     it. A forked worker inherits every object of the training process; collecting one there

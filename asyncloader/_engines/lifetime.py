@@ -18,7 +18,7 @@ import threading
 import warnings
 from typing import Any
 
-from asyncloader._base import finalize_here, loops_parked, run_in_thread
+from asyncloader._base import finalize_here, heap_frozen, loops_parked, run_in_thread
 from asyncloader._config import Options
 from asyncloader._engines.fetching_workers import WorkerGroup
 from asyncloader._engines.local_pool import ProcessPool
@@ -135,7 +135,8 @@ class Workers:
             return WorkerLease(pool, owned, started=False)
         warm_for_fork()
         try:
-            pool.launch(loops_parked())
+            with heap_frozen():
+                pool.launch(loops_parked())
         except Exception as exc:
             if owned:
                 pool.shutdown()
