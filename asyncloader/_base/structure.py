@@ -21,7 +21,8 @@ DESCEND: Any = object()
 def map_structure(data: Any, leaf: Callable[[Any], Any]) -> Any:
     """Returns ``data`` with every leaf replaced by ``leaf(x)``, container types kept.
 
-    ``leaf`` is offered every node first; where it returns :data:`DESCEND`, dicts, lists,
+    ``leaf`` is offered every node first (but plain lists and dicts, walked at once, and values
+    of exactly a scalar type, kept); where it returns :data:`DESCEND`, dicts, lists,
     tuples, namedtuples and dataclass instances are rebuilt from their walked parts, and any
     other object is kept as it is.
     Nothing it makes outlives the call: no reference cycle keeps ``leaf`` (and whatever its
@@ -30,12 +31,28 @@ def map_structure(data: Any, leaf: Callable[[Any], Any]) -> Any:
     return _walk(data, leaf)
 
 
+#: Values of exactly these types are kept as they are, not offered to ``leaf``: no leaf
+#: function replaces a plain scalar, and a batch of rows (a token list per row) holds many.
+_SCALARS = frozenset({int, float, bool, str, bytes, complex, type(None)})
+
+
 def _walk(x: Any, leaf: Callable[[Any], Any]) -> Any:
     """:func:`map_structure`'s recursion: a module function, not a closure that calls itself
     (which would be a reference cycle through its own cell)."""
+    kind = type(x)
+    if kind in _SCALARS:
+        return x
+    if kind is list:  # the common containers first, their scalars without a call each
+        return [v if type(v) in _SCALARS else _walk(v, leaf) for v in x]
+    if kind is dict:
+        return {k: v if type(v) in _SCALARS else _walk(v, leaf) for k, v in x.items()}
     out = leaf(x)
-    if out is not DESCEND:
-        return out
+    return _rebuild(x, leaf) if out is DESCEND else out
+
+
+def _rebuild(x: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``x`` rebuilt from its walked parts when it is a container :func:`map_structure`
+    knows, else ``x`` itself."""
     if isinstance(x, str | bytes) or x is None:
         return x
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
