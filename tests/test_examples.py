@@ -44,3 +44,25 @@ def test_pretrain_mix_reads_the_second_epoch_from_the_cache(tmp_path):
         assert 0.15 < int(code) / int(samples) < 0.45, done.stdout
     assert int(epochs[0][5]) == 6 and int(epochs[1][5]) == 0, done.stdout  # 6 shards, once
     assert "hit rate" in done.stdout
+
+
+def test_pretrain_text_resumes_mid_epoch_from_its_checkpoint(tmp_path, seaweed):
+    """Parquet token files on an S3 store, mixed, packed and cached: stopped at step 30 (in
+    its second epoch) and run again, it continues from there and ends its two epochs."""
+    store = seaweed.storage_options
+    command = [
+        sys.executable, str(EXAMPLES / "pretrain_text.py"), "--checkpoint",
+        str(tmp_path / "ck.pt"), "--endpoint", store["client_kwargs"]["endpoint_url"],
+        "--key", store["key"], "--secret", store["secret"], "--bucket", "testbucket",
+    ]  # fmt: skip
+    first = run_job(
+        [*command, "--stop-at", "30"], dict(os.environ), tmp_path, timeout=RUN_S, grace=GRACE_S
+    )
+    assert first.returncode == 0, first.stdout
+    assert re.search(r"^epoch 1: step \d+; loss [\d.]+; \d+ rows$", first.stdout, re.MULTILINE)
+    assert "saved model and loader at step 30" in first.stdout
+    second = run_job(command, dict(os.environ), tmp_path, timeout=RUN_S, grace=GRACE_S)
+    assert second.returncode == 0, second.stdout
+    assert "resumed at epoch 1 step 30" in second.stdout
+    ends = re.findall(r"^epoch 2: step (\d+);", second.stdout, re.MULTILINE)
+    assert len(ends) == 1 and int(ends[0]) > 30, second.stdout

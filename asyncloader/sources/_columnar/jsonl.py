@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from asyncloader.sources._cache.disk_cache import DiskCache
 
 COMPRESSIONS = ("infer", None, "gzip", "zstd")
+#: Lines queued per file being read: the reader and the consumer wake once per this many.
+LINES_QUEUED = 64
 _SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
@@ -160,6 +162,7 @@ class JsonlSource(ShardedSource):
         self._compression = compression
         # Unshuffled, lines come in file order; the next files are read ahead meanwhile.
         self._width = file_concurrency if shuffle else 1
+        self._depth = LINES_QUEUED
 
     async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
         """The raw lines ``[skip, skip + take)`` of one file, as ``{"__url__", "__key__"

@@ -18,7 +18,7 @@ from asyncloader.sources._retry import Permanent
 MAGIC = b"PAR1"
 #: The first read of a file: its last TAIL bytes, which hold the whole footer of most files
 #: (a larger footer costs a second request; a larger guess, bytes of data not asked for).
-TAIL = 16 << 10
+TAIL = 8 << 10
 #: Column chunks closer than this are fetched as one range (as Arrow's own reader does).
 GAP = 8 << 10
 
@@ -121,25 +121,26 @@ def decode_rows(
     row_group: int,
     columns: Sequence[str] | None,
     rows: range,
-) -> list[dict[str, Any]]:
-    """Rows ``rows`` of ``row_group`` as dicts (``to_pylist``), decoded from ``parts``
-    (``(offset, bytes)`` of the file) alone. Blocking: run it off the event loop.
+) -> Any:
+    """Rows ``rows`` of ``row_group`` as a ``pyarrow.Table``, decoded from ``parts``
+    (``(offset, bytes)`` of the file) alone. Blocking (pyarrow releases the GIL while it
+    decompresses and decodes): run it off the event loop.
 
     Raises:
-        Permanent: The bytes do not decode (a corrupt file).
+        Permanent: The bytes do not decode (a corrupt file), or hold fewer rows than the
+            footer says.
     """
     pq = import_pyarrow()
     try:
         reader = pq.ParquetFile(SparseFile(size, parts), metadata=meta, pre_buffer=False)
         table = reader.read_row_group(row_group, columns=None if columns is None else list(columns))
-        rows_out: list[dict[str, Any]] = table.slice(rows.start, len(rows)).to_pylist()
     except Permanent:
         raise
     except Exception as exc:
         raise Permanent(f"a corrupt Parquet row group: {type(exc).__name__}: {exc}") from None
-    if len(rows_out) != len(rows):
-        raise Permanent(f"the row group holds fewer rows than its footer says ({len(rows_out)})")
-    return rows_out
+    if table.num_rows < rows.stop:
+        raise Permanent(f"the row group holds fewer rows than its footer says ({table.num_rows})")
+    return table.slice(rows.start, len(rows))
 
 
 class SparseFile(io.RawIOBase):

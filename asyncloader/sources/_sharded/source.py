@@ -4,13 +4,13 @@
 
     plan (this rank's slices, seed + epoch) ─► shard readers (≤ shard_concurrency at once)
         each: ranged stream ─► tar members ─► samples (grouped by key) ─► decode
-                                        │ a queue per slice (≤ DEPTH samples), taken
+                                        │ a queue per slice (≤ depth samples), taken
                                         ▼ round robin in plan order (.interleave)
                          shuffle buffer (≤ shuffle_buffer samples) ─► loader
 
 The order depends only on (seed, epoch, rank), so :meth:`ShardedSource.load_state_dict`
 can resume an epoch exactly; at another world size, the new ranks split what the old ones
-had left (:mod:`.remainder`). Memory bound: at most ``shuffle_buffer + (2 * DEPTH + 2) *
+had left (:mod:`.remainder`). Memory bound: at most ``shuffle_buffer + (2 * depth + 2) *
 shard_concurrency`` samples are held (see :mod:`.stream`), plus one chunk per reader.
 A reader whose stream breaks resumes at the tar header after the last whole member (a Range
 read), so no member is lost or read twice; see :mod:`.._retry` for the budget.
@@ -37,7 +37,7 @@ from asyncloader.sources._sharded.shardplan import (
     samples_per_rank,
     shard_order,
 )
-from asyncloader.sources._sharded.stream import AfterCounting, Position, ShardStream
+from asyncloader.sources._sharded.stream import DEPTH, AfterCounting, Position, ShardStream
 from asyncloader.sources._skips import Skips
 
 if TYPE_CHECKING:
@@ -156,6 +156,7 @@ class ShardedSource(ShardReading):
         self._buffer_size, self._concurrency = shuffle_buffer, shard_concurrency
         #: Slices whose samples are taken in turn (see .interleave); read ahead: _concurrency.
         self._width = shard_concurrency
+        self._depth = DEPTH  # samples queued per slice read (see .stream)
         self._initial = shuffle_initial
         self._rank, self._world, self._tail = rank, world_size, distributed_tail
         self._decode, self._retry = decode, retry
@@ -371,7 +372,14 @@ class ShardedSource(ShardReading):
             plan_cache(self._client, [self._urls[s.shard] for s in slices])
             rng = self._rng(rank, worker, workers, len(history))
             return ShardStream(
-                slices, self.items, rng, self._buffer_size, self._concurrency, position, self._width
+                slices,
+                self.items,
+                rng,
+                self._buffer_size,
+                self._concurrency,
+                position,
+                self._width,
+                self._depth,
             )
 
         if self._counts is None and self._counts_first(world, history):

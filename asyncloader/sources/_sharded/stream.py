@@ -2,7 +2,7 @@
 
 ::
 
-    launcher (plan order) ─► reader per slice ─► its own queue (≤ DEPTH samples)
+    launcher (plan order) ─► reader per slice ─► its own queue (≤ depth samples)
                                                       │ taken round robin (interleave)
                                                       ▼
                                   shuffle buffer (≤ shuffle_buffer) ─► __anext__
@@ -12,7 +12,7 @@ order depends only on (seed, epoch, rank), never on which read finished first.
 
 Bounds: at most ``shard_concurrency`` readers stream at once (``_reading``), and at most
 ``2 * shard_concurrency`` slices are started and not yet taken to their end (``_ahead``: the
-open slots plus as many read ahead). So at most ``shuffle_buffer + (2 * DEPTH + 2) *
+open slots plus as many read ahead). So at most ``shuffle_buffer + (2 * depth + 2) *
 shard_concurrency`` samples are held: the buffer, the queues, and per streaming reader one
 sample waiting for room and one being assembled.
 
@@ -92,8 +92,10 @@ class ShardStream:
             :mod:`.interleave`).
         width: Slots of the interleave (default ``concurrency``); with fewer, the other
             slices read are read ahead of their turn.
+        depth: Samples each slice's queue holds (``DEPTH`` by default); a deeper queue
+            wakes its reader and the consumer once per ``depth`` samples, not per sample.
 
-    Invariant: ``len(buffer) <= buffer_size``, each queue holds ``<= DEPTH`` samples.
+    Invariant: ``len(buffer) <= buffer_size``, each queue holds ``<= depth`` samples.
     """
 
     def __init__(
@@ -105,9 +107,11 @@ class ShardStream:
         concurrency: int,
         position: Position,
         width: int | None = None,
+        depth: int = DEPTH,
     ) -> None:
         width = concurrency if width is None else width
         self._slices, self._items, self._rng = slices, items, rng
+        self._depth = depth
         self._size = buffer_size if rng is not None else 1
         initial = position.initial
         self._initial = min(self._size, self._size if initial is None else initial)
@@ -148,7 +152,7 @@ class ShardStream:
 
     def _queue(self, s: int) -> asyncio.Queue[Any]:
         if s not in self._queues:
-            self._queues[s] = asyncio.Queue(DEPTH)
+            self._queues[s] = asyncio.Queue(self._depth)
         return self._queues[s]
 
     async def _read(self, s: int, first: int, feeds: int | None, last: int | None) -> None:

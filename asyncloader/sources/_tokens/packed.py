@@ -17,7 +17,7 @@ documents: deterministic for a source that splits itself deterministically.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import torch
@@ -31,7 +31,8 @@ class Packed(IterableDataset[dict[str, torch.Tensor]]):
     docstring).
 
     Args:
-        source: A sync iterable dataset whose items are dicts holding a document's tokens
+        source: An iterable dataset (sync, or async: then so is the Packed) whose items are
+            dicts holding a document's tokens
             under ``key`` (a list of ints, a 1-d array or tensor).
         seq_len: Tokens per row, >= 1.
         key: Where the tokens are in each item, and the key of the packed tokens.
@@ -46,7 +47,7 @@ class Packed(IterableDataset[dict[str, torch.Tensor]]):
     def __init__(
         self, source: Any, seq_len: int, *, key: str = "input_ids", eos_id: int | None = None
     ) -> None:
-        if not hasattr(source, "__iter__"):
+        if not hasattr(source, "__iter__") and not hasattr(source, "__aiter__"):
             raise TypeError(f"source must be an iterable dataset, got {type(source).__name__}")
         check_int("seq_len", seq_len, 1)
         if not isinstance(key, str):
@@ -64,6 +65,13 @@ class Packed(IterableDataset[dict[str, torch.Tensor]]):
         set_rank = getattr(self.source, "set_rank", None)
         if callable(set_rank):
             set_rank(rank, world_size)
+
+    def __new__(cls, source: Any = None, *args: Any, **kwargs: Any) -> Packed:
+        """A :class:`Packed` of an async source (``__aiter__``, which the loader prefers too)
+        is an async iterable."""
+        if cls is Packed and hasattr(source, "__aiter__"):
+            cls = _AsyncPacked
+        return super().__new__(cls)
 
     def __iter__(self) -> PackedIterator:
         return PackedIterator(self)
@@ -119,20 +127,23 @@ class PackedIterator(Iterator[dict[str, torch.Tensor]]):
         self._skip = int(state["skip"])
 
     def _open(self) -> Iterator[Any]:
-        saved = self._saved or {}
-        source = self._packed.source
-        restore_dataset(source, saved, None, True)
-        inner: Iterator[Any] = open_iterator(source, saved, False)
-        self._inner = inner
+        inner: Iterator[Any] = self._opened(False)
         for _ in range(self._skip):  # what the saved state took, read again and dropped
             next(inner)
             self._taken += 1
         return inner
 
+    def _opened(self, is_async: bool) -> Any:
+        """The source's iterator, at the saved state's place (its own state)."""
+        saved = self._saved or {}
+        source = self._packed.source
+        restore_dataset(source, saved, None, True)
+        self._inner = open_iterator(source, saved, is_async)
+        return self._inner
+
     def __next__(self) -> dict[str, torch.Tensor]:
         inner = self._inner if self._inner is not None else self._open()
-        seq_len = self._packed.seq_len
-        while len(self._carry) < seq_len and not self._ended:
+        while len(self._carry) < self._packed.seq_len and not self._ended:
             try:
                 item = next(inner)
             except StopIteration:
@@ -140,7 +151,13 @@ class PackedIterator(Iterator[dict[str, torch.Tensor]]):
                 break
             self._taken += 1
             self._take(item)
-        if len(self._carry) < seq_len:  # the epoch's incomplete last row is dropped
+        return self._row()
+
+    def _row(self) -> dict[str, torch.Tensor]:
+        """The next row from the carry; StopIteration when it holds less than a row (the
+        epoch's incomplete last row is dropped)."""
+        seq_len = self._packed.seq_len
+        if len(self._carry) < seq_len:
             raise StopIteration
         tokens, self._carry = self._carry[:seq_len], self._carry[seq_len:]
         positions, self._positions = self._positions[:seq_len], self._positions[seq_len:]
@@ -162,6 +179,48 @@ class PackedIterator(Iterator[dict[str, torch.Tensor]]):
             doc.append(self._packed.eos_id)
         self._carry.extend(doc)
         self._positions.extend(range(len(doc)))
+
+
+class _AsyncPacked(Packed):
+    """A :class:`Packed` of an async source: iterated with ``async for``."""
+
+    def __aiter__(self) -> AsyncPackedIterator:
+        return AsyncPackedIterator(self)
+
+    def __iter__(self) -> PackedIterator:
+        raise TypeError("this Packed has an async source: iterate it with `async for`")
+
+
+class AsyncPackedIterator(PackedIterator, AsyncIterator[dict[str, torch.Tensor]]):
+    """One pass of a :class:`Packed` of an async source (the same state as
+    :class:`PackedIterator`)."""
+
+    async def _aopen(self) -> Any:
+        inner = self._opened(True)
+        for _ in range(self._skip):
+            await anext(inner)
+            self._taken += 1
+        return inner
+
+    async def __anext__(self) -> dict[str, torch.Tensor]:
+        inner: Any = self._inner if self._inner is not None else await self._aopen()
+        while len(self._carry) < self._packed.seq_len and not self._ended:
+            try:
+                item = await anext(inner)
+            except StopAsyncIteration:
+                self._ended = True
+                break
+            self._taken += 1
+            self._take(item)
+        try:
+            return self._row()
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        close = getattr(self._inner, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _restart(positions: list[int]) -> list[int]:
