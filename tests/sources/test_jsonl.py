@@ -141,3 +141,9 @@ def test_ranks_split_the_lines_into_equal_shares(tmp_path):
     assert [len(s) for s in shares] == [TOTAL // 3] * 3
     every = [i for s in shares for i in s]
     assert len(set(every)) == TOTAL - TOTAL % 3 == len(every)
+
+
+def test_a_file_holding_other_than_lines_per_file_is_named(tmp_path):
+    paths = write(tmp_path, file_set(None))
+    with pytest.raises(ValueError, match=r"shard_urls\[0\] holds 30 samples, fewer"):
+        stream(JsonlSource(paths, lines_per_file=[31, 45, 25]))

@@ -187,10 +187,7 @@ class JsonlSource(ShardedSource):
                 for i, number, raw in lines.finish():  # a last line without a newline
                     if i >= slc.skip:
                         yield {"__url__": target, "__key__": f"line {number}", "line": raw}
-                if (end is not None and lines.seen < end) or (
-                    declared is not None and lines.seen != declared
-                ):
-                    raise miscounted(slc.shard, declared, lines.seen)
+                _check_count(slc.shard, lines.seen, end, declared)
                 return
             except Exception as exc:
                 if isinstance(exc, ValueError):  # miscounted: not the stream's failure
@@ -203,6 +200,13 @@ class JsonlSource(ShardedSource):
     def __repr__(self) -> str:
         first = redact_url(self._urls[0])
         return f"JsonlSource(<{len(self._urls)} files: {first}, ...>, {self._client!r})"
+
+
+def _check_count(shard: int, seen: int, end: int | None, declared: int | None) -> None:
+    """Raises ValueError when a file that ended after ``seen`` lines held fewer than its
+    slice reads (``end``) or other than its count (``declared``) says."""
+    if (end is not None and seen < end) or (declared is not None and seen != declared):
+        raise miscounted(shard, declared, seen)
 
 
 def _parse_line(sample: dict[str, Any]) -> Any:
