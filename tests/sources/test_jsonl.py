@@ -147,3 +147,28 @@ def test_a_file_holding_other_than_lines_per_file_is_named(tmp_path):
     paths = write(tmp_path, file_set(None))
     with pytest.raises(ValueError, match=r"shard_urls\[0\] holds 30 samples, fewer"):
         stream(JsonlSource(paths, lines_per_file=[31, 45, 25]))
+
+
+@pytest.mark.parametrize("compression", [None, "gz"])
+def test_unshuffled_loader_resumes_exactly(tmp_path, compression):
+    """The default (unshuffled: files in order, the next read ahead), resumed through the
+    loader's state after any k batches: the batches that follow are the same."""
+    from tests.helpers.contracts import check_resume
+
+    paths = write(tmp_path, file_set(compression))
+
+    def make():
+        return AsyncLoader(JsonlSource(paths), batch_size=7, collate_fn=list)
+
+    check_resume(make, key=lambda batch: [row["id"] for row in batch])
+
+
+def test_a_line_longer_than_the_limit_is_refused_and_long_lines_are_read(tmp_path):
+    """A line split over many chunks is read whole; one over max_object_size is a
+    FetchError, before it is all held."""
+    path = tmp_path / "long.jsonl"
+    long = {"text": "x" * (3 << 20)}
+    path.write_bytes(json.dumps(long).encode() + b'\n{"a": 1}\n')
+    assert stream(JsonlSource([str(path)])) == [long, {"a": 1}]
+    with pytest.raises(FetchError, match="a line over max_object_size=1048576"):
+        stream(JsonlSource([str(path)], max_object_size=1 << 20))

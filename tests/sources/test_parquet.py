@@ -299,3 +299,16 @@ def test_resume_at_another_world_size_delivers_each_row_at_most_once(files):
     seen = asyncio.run(run())
     assert len(seen) == len(set(seen)), "a row came twice"
     assert TOTAL - 5 < len(seen) <= TOTAL
+
+
+@pytest.mark.parametrize("workers", [{}, {"num_workers": 2, "fetch_in_workers": True}])
+def test_unshuffled_loader_resumes_exactly(files, workers):
+    """The default (unshuffled: row groups in file order, read ahead of their turn), resumed
+    through the loader's state after k batches: the batches that follow are the same."""
+    from tests.helpers.contracts import check_resume
+
+    def make():
+        return AsyncLoader(ParquetSource(files, columns=["id"]), batch_size=7, **workers)
+
+    points = (0, 3, 11) if workers else None
+    check_resume(make, points, key=lambda batch: batch["id"].tolist())

@@ -230,7 +230,8 @@ class _Lines:
         self._number = 0  # lines read by the current attempt
         self._offset = 0  # a plain file's byte after the last whole line
         self._inflate = Inflate(compression)
-        self._rest = b""
+        self._rest: list[bytes] = []  # the pieces of the line not ended yet
+        self._pending = 0  # their bytes
 
     def resume_at(self) -> int:
         return self._offset if self._compression is None else 0
@@ -238,7 +239,7 @@ class _Lines:
     def restart(self) -> None:
         """A broken stream: a plain file continues after its last whole line, a compressed
         one replays from its start, past the lines already given."""
-        self._rest = b""
+        self._rest, self._pending = [], 0
         if self._compression is not None:
             self._inflate = Inflate(self._compression)
             self._given, self._number = 0, 0
@@ -247,17 +248,24 @@ class _Lines:
         """``(index, number, line)`` of the whole lines ``chunk`` completes, not given
         before: ``index`` counts the file's non-blank lines from 0, ``number`` all its
         lines from 1."""
-        data = self._rest + self._inflate.feed(chunk)
-        parts = data.split(b"\n")
-        self._rest = parts.pop()
-        if self._limit is not None and len(self._rest) > self._limit:
+        piece = self._inflate.feed(chunk)
+        if b"\n" in piece:
+            parts = b"".join([*self._rest, piece]).split(b"\n")
+            last = parts.pop()
+            self._rest, self._pending = [last], 0
+        else:  # a long line: its pieces are joined once, at its end
+            parts, last = [], piece
+            self._rest.append(piece)
+        self._pending += len(last)  # of the line not ended yet
+        if self._limit is not None and self._pending > self._limit:
             raise Permanent(f"a line over max_object_size={self._limit} bytes")
         return self._take(parts)
 
     def finish(self) -> list[tuple[int, int, bytes]]:
         """The last line, when the file does not end with a newline."""
         self._inflate.finish()
-        rest, self._rest = self._rest, b""
+        rest = b"".join(self._rest)
+        self._rest, self._pending = [], 0
         return self._take([rest]) if rest.strip() else []
 
     def _take(self, parts: list[bytes]) -> list[tuple[int, int, bytes]]:
