@@ -16,6 +16,13 @@ open slots plus as many read ahead). So at most ``shuffle_buffer + (2 * depth + 
 shard_concurrency`` samples are held: the buffer, the queues, and per streaming reader one
 sample waiting for room and one being assembled.
 
+Liveness (also with an interleave ``width`` below ``concurrency``, where slices are read
+ahead of their turn): the launcher starts slices in plan order, and the interleave takes them
+in plan order, so every slice the consumer can wait on was launched before any slice read
+ahead of it; the permits that could block its launch are held only by slices before it, which
+the consumer has taken to their end (releasing ``_ahead``) and whose readers have finished
+(releasing ``_reading``). So the slice waited on is always being read.
+
 Structured: the readers are tasks of one TaskGroup owned by the launcher task; its first
 error is handed to the consumer (whichever queue it waits on). Closing the stream cancels
 the launcher and waits for it, so no reader outlives the epoch.
