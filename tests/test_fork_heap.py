@@ -68,3 +68,26 @@ def test_datasets_streaming_over_http_with_two_workers():
         opts = dict(batch_size=32, num_workers=2, collate_fn=list, worker_init_fn=collect)
         loader = AsyncLoader(stream, **opts, timeout=60)
         assert sorted(row["id"] for batch in loader for row in batch) == list(range(900))
+
+
+def test_objects_the_program_froze_stay_frozen(tmp_path):
+    """A program that froze objects itself (for copy-on-write) keeps them frozen after the
+    workers start, and its garbage is still finalized in the parent only."""
+    path = str(tmp_path / "finalized")
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    try:
+        Finalized(path)
+        loader = AsyncLoader(range(8), batch_size=4, num_workers=2, worker_init_fn=collect)
+        assert [int(i) for b in loader for i in b] == list(range(8))
+        # Some frozen objects die meanwhile (reference counts); unfreezing would leave none.
+        assert gc.get_freeze_count() > frozen // 2, "the program's frozen objects were unfrozen"
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+    gc.collect()
+    with open(path) as f:
+        assert f.read().split() == [str(os.getpid())]
