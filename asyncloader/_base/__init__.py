@@ -63,6 +63,7 @@ from asyncloader._base.redaction import (
 )
 from asyncloader._base.reorder import ReorderBuffer
 from asyncloader._base.retries import RETRIES
+from asyncloader._base.row_block import TAKE, RowBlock, Samples, as_rows, joined
 from asyncloader._base.seeding import (
     Seeds,
     call_seeded,
@@ -127,12 +128,15 @@ __all__ = [
     "RETRIES",
     "SKIP_LOG_LENGTH",
     "STALL_DUMP_ENV",
+    "TAKE",
     "AsyncMapSource",
     "Failure",
     "MapSource",
     "MapStyle",
     "RedactingFilter",
     "ReorderBuffer",
+    "RowBlock",
+    "Samples",
     "Seeds",
     "SharedList",
     "Skip",
@@ -141,6 +145,7 @@ __all__ = [
     "Trimmed",
     "Window",
     "WorkerInfo",
+    "as_rows",
     "available_cores",
     "before_exit",
     "call_in_thread",
@@ -172,6 +177,7 @@ __all__ = [
     "holding",
     "is_auto",
     "is_stateful",
+    "joined",
     "keep_torch_threads",
     "leave_seeding_to_user",
     "loader_threads",

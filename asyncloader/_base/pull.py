@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from asyncloader._base.row_block import TAKE, Samples
 from asyncloader._base.source_state import source_state
 
 
@@ -37,7 +38,13 @@ def through_next(iterator: Iterator[Any]) -> Iterator[Any]:
             return
 
 
-async def take_async(ait: Any, size: int) -> list[Any]:
+async def take_async(ait: Any, size: int) -> Samples:
+    """Up to ``size`` items of the async iterator ``ait`` (fewer only at its end): in one
+    call where it offers the block protocol (:mod:`asyncloader._base.row_block`)."""
+    take = getattr(ait, TAKE, None)
+    if take is not None:
+        block: Samples = await take(size)
+        return block
     samples = []
     for _ in range(size):
         try:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
-from asyncloader._base import Seeds, outside_the_loop
+from asyncloader._base import Samples, Seeds, outside_the_loop
 from asyncloader._worker import BatchPlan, run_batch
 
 
@@ -27,7 +27,7 @@ class Engine(Protocol):
         """Makes the engine ready for work (blocking: called off the event loop)."""
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+        self, seq: int, indices: Sequence[Any], samples: Samples | None, seeds: Seeds | None
     ) -> Future[Any]:
         """Starts batch ``seq``; the future resolves to the batch (or its Failure).
 
@@ -83,7 +83,7 @@ class ExecutorEngine:
         pass
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+        self, seq: int, indices: Sequence[Any], samples: Samples | None, seeds: Seeds | None
     ) -> Future[Any]:
         return self.executor.submit(run_batch, self.plan, seq, indices, samples, seeds)
 
@@ -113,7 +113,7 @@ class LoopEngine:
         pass
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+        self, seq: int, indices: Sequence[Any], samples: Samples | None, seeds: Seeds | None
     ) -> Future[Any]:
         future: Future[Any] = Future()
         try:

@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from asyncloader._base import (
+    Samples,
     Seeds,
     before_exit,
     pool_is_broken,
@@ -171,7 +172,7 @@ class ProcessPool:
         return pool_is_broken(self.executor)
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+        self, seq: int, indices: Sequence[Any], samples: Samples | None, seeds: Seeds | None
     ) -> Future[Any]:
         """Runs batch ``seq`` in a worker, with the plan the worker holds.
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from asyncloader._base import Seeds
+from asyncloader._base import Samples, Seeds
 from asyncloader._worker import NextOfStream, OpenStream, Request, RunBatch, StreamOpen
 
 
@@ -43,7 +43,7 @@ class Requests:
     _load: list[int]
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+        self, seq: int, indices: Sequence[Any], samples: Samples | None, seeds: Seeds | None
     ) -> Future[Any]:
         """Runs batch ``seq`` in the worker holding the fewest batches."""
         with self._lock:

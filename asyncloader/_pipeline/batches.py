@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Seque
 from concurrent.futures import Executor
 from typing import Any
 
-from asyncloader._base import source_state, sync_stream, take_async, take_sync
+from asyncloader._base import Samples, source_state, sync_stream, take_async, take_sync
 from asyncloader._checkpoint import Progress, Resume
 from asyncloader._config import Options
 from asyncloader._pipeline.claims import Claim
@@ -31,7 +31,7 @@ class Made:
 
 
 #: ``(seq, indices, samples)``: samples ``None`` when they are yet to be fetched.
-Batch = tuple[int, Sequence[Any], "list[Any] | Made | None"]
+Batch = tuple[int, Sequence[Any], "Samples | Made | None"]
 
 
 async def map_batches(
@@ -80,7 +80,7 @@ async def stream_batches(
     else:
         source_ait = iterator
 
-        async def pull() -> tuple[list[Any], Any]:
+        async def pull() -> tuple[Samples, Any]:
             if claim is not None:
                 claim[0].check(claim[1])
             items = await take_async(source_ait, size)
@@ -113,7 +113,7 @@ def _sync_puller(
     stateful: bool,
     thread: Executor,
     meter: PullMeter,
-) -> Callable[[], Awaitable[tuple[list[Any], Any]]]:
+) -> Callable[[], Awaitable[tuple[Samples, Any]]]:
     """Pulls ``size`` items at a time from a sync iterable's ``iterator`` on ``thread``
     (under the dataset's claim when it is its own iterator), timed by ``meter``."""
     loop = asyncio.get_running_loop()

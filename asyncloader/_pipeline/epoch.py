@@ -42,6 +42,7 @@ from asyncloader._base import (
     SKIP_LOG_LENGTH,
     Failure,
     ReorderBuffer,
+    Samples,
     Seeds,
     SkipLedger,
     Trimmed,
@@ -464,7 +465,7 @@ class Epoch:
         transformer: Transformer,
         seq: int,
         indices: Sequence[Any],
-        samples: list[Any] | Made | None,
+        samples: Samples | Made | None,
     ) -> None:
         """Takes one batch through fetch and transform (or receives it made by a worker's
         stream) and into the reorder buffer."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch.utils.data import default_collate, default_convert
 
-from asyncloader._base import Seeds, Trimmed, Window, nbytes, run_in_thread
+from asyncloader._base import Samples, Seeds, Trimmed, Window, nbytes, run_in_thread
 from asyncloader._engines import Engine, LoopEngine
 from asyncloader._tuning import EpochMeter, now
 from asyncloader._worker import BatchPlan, Pooled, Returns, collate_small, from_shared, run_batch
@@ -101,14 +101,19 @@ class Transformer:
         leave it)."""
         self._room.resize(window)
 
-    async def run(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
+    async def run(self, seq: int, indices: Sequence[Any], samples: Samples | None) -> Any:
         """Returns batch ``seq`` (or its Failure, or under ``on_error="skip"`` a Trimmed).
 
         Raises:
             WorkerCrashedError: A worker process died while the engine held this batch.
         """
-        inline = self._inline
-        if inline and samples and nbytes(samples[0]) * len(samples) < INLINE_COLLATE_BYTES:
+        inline = self._inline  # a block of rows (RowBlock) goes to the engine
+        if (
+            inline
+            and type(samples) is list
+            and samples
+            and nbytes(samples[0]) * len(samples) < INLINE_COLLATE_BYTES
+        ):
             return run_batch(inline, seq, indices, samples, None)
         if self._turn is not None:
             return await self._run_here(seq, indices, samples)
@@ -124,7 +129,7 @@ class Transformer:
                 if meter is not None:
                     meter.engine.add(now() - began)
 
-    async def _run_here(self, seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
+    async def _run_here(self, seq: int, indices: Sequence[Any], samples: Samples | None) -> Any:
         """Batch ``seq`` made on this loop (a :class:`LoopEngine`). Each batch first lets the
         loop run what is ready, the hand-over of the batch before it among them: otherwise
         the batches the window admitted would all be made before the first reached the

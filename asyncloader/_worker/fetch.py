@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncloader._base import Failure, Skip, Trimmed
+from asyncloader._base import Failure, Samples, Skip, Trimmed
 from asyncloader._tuning import EpochMeter, FetchTuner, now
 from asyncloader.errors import AsyncLoaderError
 
@@ -301,7 +301,7 @@ async def fetch_then_run(
     run: Callable[[int, Sequence[Any], list[Any] | None], Awaitable[Any]],
     seq: int,
     indices: Sequence[Any],
-    samples: list[Any] | None,
+    samples: Samples | None,
 ) -> Any:
     """Batch ``seq`` through both halves: its samples from ``fetcher`` (per sample, or one
     ``__getitems__`` call for a :class:`~asyncloader._worker.getitems.BatchFetcher`; unless

@@ -28,6 +28,7 @@ from typing import Any
 
 from asyncloader._base import (
     Failure,
+    Samples,
     Seeds,
     SourceKind,
     call_seeded,
@@ -144,7 +145,7 @@ class WorkerCore:
         )
 
     def _runner(self, plan: BatchPlan, seeds: Seeds | None) -> Any:
-        def run(seq: int, indices: Sequence[Any], samples: list[Any] | None) -> Any:
+        def run(seq: int, indices: Sequence[Any], samples: Samples | None) -> Any:
             return self._loop.run_in_executor(
                 self._compute, run_batch, plan, seq, indices, samples, seeds
             )
@@ -160,7 +161,7 @@ class WorkerCore:
         return self.open_stream(request.opening)
 
     async def batch(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+        self, seq: int, indices: Sequence[Any], samples: Samples | None, seeds: Seeds | None
     ) -> Any:
         """Batch ``seq`` of a map-style source (or of samples given): fetched, transformed,
         collated and ready to leave the process; or its Failure."""

@@ -16,9 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import default_collate
 
-from asyncloader._base import Failure, Seeds, Skip, Trimmed, call_seeded, get_worker_info
+from asyncloader._base import (
+    Failure,
+    RowBlock,
+    Samples,
+    Seeds,
+    Skip,
+    Trimmed,
+    call_seeded,
+    get_worker_info,
+)
 from asyncloader._worker.buffers import settle
-from asyncloader._worker.collate import worker_collate
+from asyncloader._worker.collate import collate_small, worker_collate
 from asyncloader._worker.columns import ColumnReader, reads_columns
 from asyncloader._worker.getitems import getitems, getitems_skipping
 from asyncloader._worker.process_state import init_failure, mark_running, shares_batches
@@ -122,7 +131,7 @@ def run_batch(
     plan: BatchPlan | None,
     seq: int,
     indices: Sequence[Any],
-    samples: list[Any] | None,
+    samples: Samples | None,
     seeds: Seeds | None = None,
 ) -> Any:
     """Fetches (when ``samples`` is None: one ``__getitems__`` call with ``plan.getitems``,
@@ -159,7 +168,7 @@ def _run(
     plan: BatchPlan,
     seq: int,
     indices: Sequence[Any],
-    samples: list[Any] | None,
+    samples: Samples | None,
     epoch_seed: int | None,
 ) -> Any:
     """:func:`run_batch` once seeded, skipping or not.
@@ -179,6 +188,11 @@ def _run(
     """
     skips: list[Skip] | None = [] if plan.skip else None
     keys: Sequence[Any] = indices
+    if isinstance(samples, RowBlock):
+        batch = _collate_block(plan, seq, indices, samples)
+        if batch is not _NOT_COLUMNS:
+            return batch
+        samples = samples.rows()
     if samples is None and plan.columns is not None:
         batch = _read_columns(plan, seq, indices)
         if batch is not _NOT_COLUMNS:
@@ -217,6 +231,28 @@ def _read_columns(plan: BatchPlan, seq: int, indices: Sequence[Any]) -> Any:
     stage = "fetch"
     try:
         batch = plan.columns.read(plan.dataset, indices)
+        if batch is None:
+            return _NOT_COLUMNS
+        stage = "share"
+        return leave_worker(batch)
+    except Exception as exc:
+        return Failure.capture(exc, stage, seq, indices)
+
+
+def _collate_block(plan: BatchPlan, seq: int, indices: Sequence[Any], block: RowBlock) -> Any:
+    """The batch of a block of rows built from its columns (``block.collated()``) where the
+    plan would only ``default_collate`` its rows, ready to leave the process, or its
+    :class:`Failure`; ``_NOT_COLUMNS`` where the rows are to be collated instead."""
+    if (
+        plan.transform is not None
+        or plan.skip
+        or not plan.batched
+        or plan.collate not in (default_collate, collate_small)
+    ):
+        return _NOT_COLUMNS
+    stage = "collate"
+    try:
+        batch = block.collated()
         if batch is None:
             return _NOT_COLUMNS
         stage = "share"

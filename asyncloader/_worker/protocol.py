@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, TypeVar, dataclass_transform
 
-from asyncloader._base import SourceKind
+from asyncloader._base import Samples, SourceKind
 from asyncloader._worker.plan import BatchPlan
 
 _T = TypeVar("_T")
@@ -103,7 +103,7 @@ class RunBatch:
 
     seq: int
     indices: Sequence[Any]
-    samples: list[Any] | None
+    samples: Samples | None
     seeds: Any  # asyncloader._base.seeding.Seeds, or None
 
 

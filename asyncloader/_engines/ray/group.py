@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from asyncloader._base import Seeds
+from asyncloader._base import Samples, Seeds
 from asyncloader._config import Options
 from asyncloader._engines import worker_specs
 from asyncloader._engines.ray.actor import RayWorker
@@ -130,7 +130,7 @@ class RayWorkers:
         return self._transport is not None and self._transport.broken
 
     def submit(
-        self, seq: int, indices: Sequence[Any], samples: list[Any] | None, seeds: Seeds | None
+        self, seq: int, indices: Sequence[Any], samples: Samples | None, seeds: Seeds | None
     ) -> Future[Any]:
         return self._started().submit(seq, indices, samples, seeds)
 

@@ -45,9 +45,10 @@ class Interleave:
         """The slice whose turn it is, or None when every slice has ended."""
         return self.slots[self.cursor] if self.slots else None
 
-    def took(self) -> None:
-        """The current slice gave a sample: the turn passes to the next slot."""
-        self.taken[self.slots[self.cursor]] += 1
+    def took(self, samples: int = 1) -> None:
+        """The current slice gave a sample (more than one only with one slot open): the
+        turn passes to the next slot."""
+        self.taken[self.slots[self.cursor]] += samples
         self.cursor = (self.cursor + 1) % len(self.slots)
 
     def ended(self) -> None:

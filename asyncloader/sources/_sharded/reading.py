@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
-from asyncloader._base import unwrap_group
+from asyncloader._base import RowBlock, unwrap_group
 from asyncloader.errors import FetchError
 from asyncloader.sources._map import ClientSource
 from asyncloader.sources._redact import Redactor, redact_exception, url_secrets
@@ -48,7 +48,7 @@ class ShardReading(ClientSource):
                 read = self.samples(Slice(shard, 0, None))
                 async with contextlib.aclosing(read) as samples:
                     try:
-                        return sum([1 async for _ in samples])
+                        return sum([_size(x) async for x in samples])
                     except Exception as exc:
                         redact_exception(exc, self._redactor(shard))
                         raise
@@ -132,6 +132,11 @@ class ShardReading(ClientSource):
         try:
             async with contextlib.aclosing(self.samples(slc)) as samples:
                 async for sample in samples:
+                    if isinstance(sample, RowBlock):
+                        for entry in _block_items(sample, i, want):
+                            yield entry
+                        i += len(sample)
+                        continue
                     i += 1
                     if not want(i - 1):
                         continue
@@ -157,3 +162,17 @@ class ShardReading(ClientSource):
             for j in range(i, slc.take):
                 if want(j):
                     yield j, SKIPPED_POSITION
+
+
+def _size(sample: Any) -> int:
+    """Samples ``sample`` stands for (a block of rows: its rows)."""
+    return len(sample) if isinstance(sample, RowBlock) else 1
+
+
+def _block_items(block: RowBlock, i: int, want: Callable[[int], bool]) -> list[tuple[int, Any]]:
+    """``(i, block)`` where every sample of ``block`` (samples ``i ..``) is wanted, else
+    ``(j, row)`` for the wanted ones. Blocks are rows already decoded: no decode step."""
+    wanted = [want(j) for j in range(i, i + len(block))]
+    if all(wanted):
+        return [(i, block)] if len(block) else []
+    return [(i + t, row) for t, row in enumerate(block.rows()) if wanted[t]]

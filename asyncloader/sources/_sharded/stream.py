@@ -44,12 +44,15 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncloader._base import unwrap_group
+from asyncloader._base import RowBlock, joined, unwrap_group
 from asyncloader.sources._sharded.interleave import Interleave, draw, fill_target, rewind
 from asyncloader.sources._sharded.remainder import StreamCut
 from asyncloader.sources._sharded.shardplan import Slice
 
 DEPTH = 2
+#: Rows of a block made into Python objects at once when samples are taken one at a time
+#: (about 1 ms of the loop's time for rows of a few hundred values).
+ROWS_AT_ONCE = 128
 SKIPPED_POSITION = (
     object()
 )  # a position whose sample was skipped (on_error="skip"): counted, not given
@@ -77,6 +80,41 @@ class Position:
     #: The epoch's interruptions at other world sizes, oldest first: this pass is over what
     #: they left (see :mod:`.remainder`); empty for a whole epoch.
     history: list[StreamCut] = field(default_factory=list)
+
+
+class _Run:
+    """A block of rows being taken from: made into rows ``ROWS_AT_ONCE`` at a time by
+    :meth:`next_row`, or sliced off whole by :meth:`take`. ``made[at:]`` come before
+    ``block[start:]``."""
+
+    __slots__ = ("at", "block", "made", "start")
+
+    def __init__(self, block: RowBlock) -> None:
+        self.block, self.start = block, 0
+        self.made: list[Any] = []
+        self.at = 0
+
+    def left(self) -> int:
+        return len(self.made) - self.at + len(self.block) - self.start
+
+    def next_row(self) -> Any:
+        if self.at == len(self.made):
+            stop = min(self.start + ROWS_AT_ONCE, len(self.block))
+            self.made, self.at = self.block.slice(self.start, stop).rows(), 0
+            self.start = stop
+        self.at += 1
+        return self.made[self.at - 1]
+
+    def take(self, most: int) -> RowBlock | list[Any]:
+        """Up to ``most`` of the next rows: the made ones first (as rows), else a block."""
+        if self.at < len(self.made):
+            rows = self.made[self.at : self.at + most]
+            self.at += len(rows)
+            return rows
+        stop = min(self.start + most, len(self.block))
+        piece = self.block.slice(self.start, stop)
+        self.start = stop
+        return piece
 
 
 class _Failed:
@@ -153,6 +191,7 @@ class ShardStream:
         self._ahead = asyncio.Semaphore(2 * concurrency)
         self._failure: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
+        self._runs: dict[int, _Run] = {}  # per slice, the block its samples come from now
 
     def __aiter__(self) -> ShardStream:
         return self
@@ -181,17 +220,37 @@ class ShardStream:
             async with contextlib.aclosing(self._items(slc, want)) as items:
                 async for i, item in items:
                     j = first + i
-                    if (s, j) in self._wanted:
-                        self._buffer[self._wanted.pop((s, j))] = item
-                        self._missing -= 1
-                        if not self._missing:
-                            self._filled.set()
-                    elif feeds is not None and j >= feeds:
-                        await self._queue(s).put(item)
+                    if isinstance(item, RowBlock):
+                        await self._place_block(s, j, item, feeds)
+                    else:
+                        await self._place(s, j, item, feeds)
         finally:
             self._reading.release()
         if feeds is not None:
             await self._queue(s).put(_END)
+
+    async def _place(self, s: int, j: int, item: Any, feeds: int | None) -> None:
+        """Sample ``j`` of slice ``s``: into the buffer where a resume left its position
+        there, onto the slice's queue from ``feeds`` on, else read past."""
+        if (s, j) in self._wanted:
+            self._buffer[self._wanted.pop((s, j))] = item
+            self._missing -= 1
+            if not self._missing:
+                self._filled.set()
+        elif feeds is not None and j >= feeds:
+            await self._queue(s).put(item)
+
+    async def _place_block(self, s: int, j: int, block: RowBlock, feeds: int | None) -> None:
+        """Samples ``j .. j + len(block) - 1`` of slice ``s``, given as one block: row by
+        row while a resume still waits for buffered positions, else the part from ``feeds``
+        on as one queue item."""
+        if self._wanted:
+            for t, row in enumerate(block.rows()):
+                await self._place(s, j + t, row, feeds)
+            return
+        cut = 0 if feeds is None else max(feeds - j, 0)
+        if feeds is not None and cut < len(block):
+            await self._queue(s).put(block if not cut else block.slice(cut, len(block)))
 
     async def _launch(self) -> None:
         inter = self._inter
@@ -226,6 +285,7 @@ class ShardStream:
             raise self._failure
 
     async def _take(self, s: int) -> Any:
+        """Slice ``s``'s next queue item: a sample, a block of rows, or ``_END``."""
         queue = self._queue(s)
         if queue.empty():
             self._check()
@@ -234,12 +294,79 @@ class ShardStream:
             self._check()
         return item
 
-    async def __anext__(self) -> Any:
+    async def _next(self, s: int) -> Any:
+        """Slice ``s``'s next sample (or ``_END``), one row at a time out of a block."""
+        run = self._runs.get(s)
+        if run is None:
+            item = await self._take(s)
+            if not isinstance(item, RowBlock):
+                return item
+            run = self._runs[s] = _Run(item)
+        row = run.next_row()
+        if not run.left():
+            del self._runs[s]
+        return row
+
+    async def _start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._launch(), name="shards")
         if self._missing:
             await self._filled.wait()
             self._check()
+
+    async def __asyncloader_take__(self, n: int) -> list[Any] | RowBlock:
+        """The next ``n`` samples (fewer at the end); blocks of rows are sliced and joined,
+        not made into rows, where the order is the slices' own (no shuffle buffer, one slice
+        open at a time). See :mod:`asyncloader._base.row_block`."""
+        if self._rng is not None or len(self._inter.slots) > 1 or self._drop:
+            taken = []
+            for _ in range(n):
+                try:
+                    taken.append(await self.__anext__())
+                except StopAsyncIteration:
+                    break
+            return taken
+        await self._start()
+        inter, position = self._inter, self.position
+        pieces: list[Any] = []
+        got = 0
+        while got < n:
+            s = inter.current()
+            if s is None:
+                self._done = True
+                break
+            run = self._runs.get(s)
+            if run is None:
+                item = await self._take(s)
+                if item is _END:
+                    self._end_slice(s)
+                elif item is SKIPPED_POSITION:
+                    position.yielded += 1
+                    inter.took()
+                elif not isinstance(item, RowBlock):
+                    pieces.append([item])
+                    got += 1
+                    position.yielded += 1
+                    inter.took()
+                else:
+                    self._runs[s] = _Run(item)
+                continue
+            piece = run.take(n - got)
+            if not run.left():
+                del self._runs[s]
+            pieces.append(piece)
+            got += len(piece)
+            position.yielded += len(piece)
+            inter.took(len(piece))
+        return joined(pieces) if pieces else []
+
+    def _end_slice(self, s: int) -> None:
+        self._inter.ended()
+        del self._queues[s]
+        self._ahead.release()
+
+    async def __anext__(self) -> Any:
+        await self._start()
         inter = self._inter
         while True:
             # position.yielded counts this epoch's draws, also those a replay drops
@@ -249,11 +376,9 @@ class ShardStream:
                 if s is None:
                     self._done = True
                     break
-                item = await self._take(s)
+                item = await self._next(s)
                 if item is _END:
-                    inter.ended()
-                    del self._queues[s]
-                    self._ahead.release()
+                    self._end_slice(s)
                 else:
                     self._buffer.append(item)
                     inter.took()
@@ -292,11 +417,17 @@ class AfterCounting:
     def __aiter__(self) -> AfterCounting:
         return self
 
-    async def __anext__(self) -> Any:
+    async def _ready(self) -> ShardStream:
         if self._stream is None:
             await self._count()
             self._stream = self._make()
-        return await self._stream.__anext__()
+        return self._stream
+
+    async def __anext__(self) -> Any:
+        return await (await self._ready()).__anext__()
+
+    async def __asyncloader_take__(self, n: int) -> list[Any] | RowBlock:
+        return await (await self._ready()).__asyncloader_take__(n)
 
     async def aclose(self) -> None:
         if self._stream is not None:
