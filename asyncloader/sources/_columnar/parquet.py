@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncloader._base import unwrap_group
 from asyncloader.errors import FetchError
+from asyncloader.sources._columnar.arrow_rows import ArrowRows
 from asyncloader.sources._columnar.parquet_file import (
     TAIL,
     chunk_ranges,
@@ -46,11 +47,6 @@ from asyncloader.sources._skips import Skips
 
 if TYPE_CHECKING:
     from asyncloader.sources._cache.disk_cache import DiskCache
-
-
-#: Rows turned into Python objects at once (about 1 ms of the loop's time for rows of a few
-#: hundred values).
-ROWS_AT_ONCE = 128
 
 
 class ParquetSource(ShardedSource):
@@ -134,7 +130,6 @@ class ParquetSource(ShardedSource):
         self._skips = Skips(on_error, max_skipped)  # counts come from the footers
         # Unshuffled, rows come in file order; the next row groups are read ahead meanwhile.
         self._width = row_group_concurrency if shuffle else 1
-        self._depth = ROWS_AT_ONCE  # a row group's rows are held decoded anyway
         self._columns = None if columns is None else [str(c) for c in columns]
         self._files = list(self._urls)
         #: Per file: its size and footer bytes, once read (travels to workers).
@@ -228,8 +223,8 @@ class ParquetSource(ShardedSource):
             self._parsed[f] = meta
         return meta
 
-    async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
-        """The rows ``[skip, skip + take)`` of one row group."""
+    async def samples(self, slc: Slice) -> AsyncGenerator[ArrowRows, None]:  # type: ignore[override]
+        """The rows ``[skip, skip + take)`` of one row group, as one block."""
         f, group = self._units[slc.shard]
         meta, (size, footer) = self._metadata(f), self._footers[f]
         end = meta.row_group(group).num_rows if slc.take is None else slc.skip + slc.take
@@ -256,11 +251,9 @@ class ParquetSource(ShardedSource):
             )
         except Permanent as exc:
             raise FetchError(attempts.target, attempts.total + 1, str(exc), "not retried") from None
-        # Python objects are made on the loop, a slice at a time: made in the thread, they
-        # would hold the GIL for the whole row group while the loop waits for it.
-        for chunk in decoded.to_batches(max_chunksize=ROWS_AT_ONCE):
-            for row in chunk.to_pylist():
-                yield row
+        # One block: the loader slices its batches off it, or the stream makes its rows a
+        # few at a time (made here, in one go, they would hold the loop for the whole group).
+        yield ArrowRows(decoded)
 
     def __repr__(self) -> str:
         first = redact_url(self._files[0])
