@@ -19,8 +19,10 @@ libraries are imported before the clock starts):
   IterableDataset under AsyncLoader, in the placement the README gives for iterables that
   shard themselves across workers;
 - ``ParquetSource`` (0 workers) and ``ParquetSource 2 fetch_in_workers``;
-- ``ParquetSource default_collate``: ``columns=["id", "text"]`` and the default collate, so
-  each batch is built from the Arrow columns (an int64 tensor and a list of strings);
+- ``ParquetSource default_collate`` and ``datasets DataLoader 2 default_collate``: the
+  default collate instead of ``list`` (DataLoader's batch of these rows: ``id`` an int64
+  tensor, ``text`` a list of strings, ``tokens`` a list of 128 int64 tensors, one per
+  position); asyncloader builds it from the Arrow columns;
 - ``jsonl datasets DataLoader 2`` and ``JsonlSource``: the zstd files, ``load_dataset("json",
   ..., streaming=True)`` against JsonlSource;
 - ``Packed``: ``Packed(ParquetSource(urls, columns=["tokens"]), 2048, key="tokens")``,
@@ -67,6 +69,7 @@ CASES = (
     "ParquetSource",
     "ParquetSource 2 fetch_in_workers",
     "ParquetSource default_collate",
+    "datasets DataLoader 2 default_collate",
     "jsonl datasets DataLoader 2",
     "JsonlSource",
     "Packed",
@@ -125,10 +128,12 @@ def loader_for(case: str, server: Any) -> Any:
         files_urls = urls if files is None else [server.url(n) for n in files]
         stream = datasets.load_dataset(kind, data_files=files_urls, split="train", streaming=True)
         if "DataLoader" in case:
-            return DataLoader(stream, **opts, num_workers=int(case.split()[-1]))
+            return DataLoader(stream, **opts, num_workers=int(case.split()[2]))
         return AsyncLoader(stream, **opts, **fetching)
+    if case.endswith("default_collate"):
+        del opts["collate_fn"]
     if case == "ParquetSource default_collate":
-        return AsyncLoader(ParquetSource(urls, columns=["id", "text"]), batch_size=BATCH)
+        return AsyncLoader(ParquetSource(urls), **opts)
     if case.startswith("ParquetSource"):
         return AsyncLoader(ParquetSource(urls), **opts, **fetching)
     if case == "JsonlSource":
@@ -244,6 +249,9 @@ def main() -> None:
         "vs pyarrow local": side_by_side.paired(runs, "pyarrow local"),
         "vs jsonl datasets DataLoader 2": side_by_side.paired(runs, "jsonl datasets DataLoader 2"),
         "vs datasets DataLoader 0": side_by_side.paired(runs, "datasets DataLoader 0"),
+        "vs datasets DataLoader 2 default_collate": side_by_side.paired(
+            runs, "datasets DataLoader 2 default_collate"
+        ),
     }
     print(
         f"{TOTAL} rows, {FILES} files over HTTP, {LATENCY_S * 1e3:.0f} ms per request; "

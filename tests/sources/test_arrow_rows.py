@@ -56,6 +56,10 @@ SUPPORTED = {
     "binary": pa.array([bytes([i]) for i in range(N)], pa.binary()),
     "dict_string": pa.array([f"c{i % 4}" for i in range(N)]).dictionary_encode(),
     "dict_int": pa.array([i % 4 for i in range(N)], pa.int16()).dictionary_encode(),
+    "list_int32": pa.array([[i, -i, 7] for i in range(N)], pa.list_(pa.int32())),
+    "large_list_int64": pa.array([[i] for i in range(N)], pa.large_list(pa.int64())),
+    "fixed_list_float32": pa.array([[i / 2, 1.0] for i in range(N)], pa.list_(pa.float32(), 2)),
+    "list_bool": pa.array([[i % 2 == 0, True] for i in range(N)], pa.list_(pa.bool_())),
 }
 
 
@@ -80,7 +84,9 @@ UNSUPPORTED = {
     "nulls": pa.array([None if i % 7 == 0 else i for i in range(N)]),
     "uint64": pa.array(range(N), pa.uint64()),
     "float16": pa.array([1.5] * N, pa.float16()),
-    "list": pa.array([[i, i + 1] for i in range(N)]),
+    "unequal_lists": pa.array([[i] * (1 + i % 3) for i in range(N)]),
+    "list_of_strings": pa.array([["a", str(i)] for i in range(N)]),
+    "list_with_a_null": pa.array([[i, None if i == 3 else i] for i in range(N)]),
     "struct": pa.array([{"a": i} for i in range(N)]),
     "timestamp": pa.array([i for i in range(N)], pa.timestamp("s")),
 }
