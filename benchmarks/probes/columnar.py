@@ -128,7 +128,8 @@ def loader_for(case: str, server: Any) -> Any:
         files_urls = urls if files is None else [server.url(n) for n in files]
         stream = datasets.load_dataset(kind, data_files=files_urls, split="train", streaming=True)
         if "DataLoader" in case:
-            return DataLoader(stream, **opts, num_workers=int(case.split()[2]))
+            words = case.split()
+            return DataLoader(stream, **opts, num_workers=int(words[words.index("DataLoader") + 1]))
         return AsyncLoader(stream, **opts, **fetching)
     if case.endswith("default_collate"):
         del opts["collate_fn"]
