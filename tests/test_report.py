@@ -94,6 +94,8 @@ def test_stats_measure_each_stage():
     assert 6 <= stats.fetch_in_flight <= 8 == stats.io_concurrency
     assert stats.throughput == pytest.approx(160 / stats.elapsed)
     assert stats.stall_fraction > 0.5 and stats.first_batch > 0
+    assert 0 < stats.wait_p50_ms <= stats.wait_p95_ms <= stats.wait_p99_ms
+    assert "per batch p50" in loader.report()
     assert stats.device_ms is None  # no device stage
     logged = stats.as_dict()
     assert logged["samples"] == 160 and "device_ms" not in logged
@@ -106,3 +108,37 @@ def test_a_new_epoch_keeps_the_last_ones_stats():
     first = loader.stats
     list(loader)
     assert loader.previous_stats == first and loader.stats.samples == 32
+
+
+def test_the_consumers_waits_have_percentiles(monkeypatch):
+    """Each wait after the first batch is kept: p50, p95 and p99 by nearest rank."""
+    from asyncloader._tuning import meter as meter_module
+
+    times = iter([0.0, 1.0] + [t for k in range(1, 101) for t in (10.0 * k, 10.0 * k + k / 1e3)])
+    monkeypatch.setattr(meter_module, "now", lambda: next(times))
+    meter = meter_module.EpochMeter()
+    meter.received(0.0)  # the first batch: start-up, not a wait
+    for _ in range(100):
+        meter.received(next(times))
+    assert meter.waits.count == 100
+    assert [round(meter.waits.quantile(q) * 1e3) for q in (0.5, 0.95, 0.99)] == [51, 96, 100]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_each_wait_is_a_range_in_torch_profilers_trace(mode):
+    """While torch.profiler records, each wait for a batch is a record_function range named
+    "asyncloader: wait for batch N"; with no profiler, none is made."""
+    import asyncio
+
+    loader = AsyncLoader(list(range(32)), batch_size=8)
+    with torch.profiler.profile() as prof:
+        if mode == "sync":
+            list(loader)
+        else:
+
+            async def drain():
+                return [b async for b in loader]
+
+            asyncio.run(drain())
+    names = {e.name for e in prof.events() if e.name.startswith("asyncloader")}
+    assert names == {f"asyncloader: wait for batch {n}" for n in range(5)}

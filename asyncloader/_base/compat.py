@@ -11,6 +11,7 @@ these libraries' underscored names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import multiprocessing
@@ -294,3 +295,12 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
 def _in_package(frame: FrameType) -> bool:
     name = frame.f_globals.get("__name__", "")
     return isinstance(name, str) and (name == "asyncloader" or name.startswith("asyncloader."))
+
+
+def profiled_wait(batch: int) -> contextlib.AbstractContextManager[Any]:
+    """A ``torch.profiler`` range named ``asyncloader: wait for batch <batch>`` while a
+    profiler records (so its trace shows the data stalls beside the step), else a no-op: one
+    check of torch's private flag (``torch._C._autograd._profiler_enabled``, torch 2.x)."""
+    if torch._C._autograd._profiler_enabled():
+        return torch.profiler.record_function(f"asyncloader: wait for batch {batch}")
+    return contextlib.nullcontext()

@@ -12,7 +12,7 @@ import contextlib
 import weakref
 from typing import Any
 
-from asyncloader._base import EMPTY, finalize_here
+from asyncloader._base import EMPTY, finalize_here, profiled_wait
 from asyncloader._pipeline.device import hand_over
 from asyncloader._pipeline.epoch import Epoch
 from asyncloader._tuning import LoaderStats, now
@@ -63,7 +63,8 @@ class AsyncIterator:
         asked = now()
         try:
             async with asyncio.timeout(self._timeout) as deadline:
-                seq, batch = await self._epoch.next()
+                with profiled_wait(self._epoch.progress.batches):
+                    seq, batch = await self._epoch.next()
         except TimeoutError:
             if not deadline.expired():
                 await self.aclose()

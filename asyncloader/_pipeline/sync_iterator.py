@@ -31,7 +31,14 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from asyncloader._base import EMPTY, finalize_here, loop_registered, new_event_loop, unsafe_to_wait
+from asyncloader._base import (
+    EMPTY,
+    finalize_here,
+    loop_registered,
+    new_event_loop,
+    profiled_wait,
+    unsafe_to_wait,
+)
 from asyncloader._pipeline.device import hand_over
 from asyncloader._pipeline.epoch import Epoch
 from asyncloader._tuning import now
@@ -237,7 +244,8 @@ class SyncIterator:
         self._epoch.asked()
         asked = now()
         try:
-            kind, payload = self._queue.get(timeout=self._timeout)
+            with profiled_wait(self._epoch.progress.batches):
+                kind, payload = self._queue.get(timeout=self._timeout)
         except queue.Empty:
             # Raise now; the epoch closes in the background (close() waits for it).
             error = self._epoch.timed_out()

@@ -13,9 +13,9 @@ Stages and what is measured (all in the training process):
   batch's round trip, and so the mean batches in it, against its window;
 - waiting: batches done and not yet taken by the consumer (reorder buffer and device stage);
 - device: each batch's pin, copy and ``device_transform``;
-- consumer: the time it waited inside ``next()`` (stall) and spent between batches (its own
-  step), and the time the loader's admission waited for a slot that a batch ready for the
-  consumer held (backpressure);
+- consumer: the time it waited inside ``next()`` (stall; each wait kept for its
+  percentiles) and spent between batches (its own step), and the time the loader's
+  admission waited for a slot that a batch ready for the consumer held (backpressure);
 - tuning: the last :data:`TUNED_KEPT` moves of the ``"auto"`` settings (the io limit,
   ``prefetch``) and the window they gave, for the stall dump (a few an epoch, not per event).
 """
@@ -59,29 +59,31 @@ class Level:
 
 
 class Durations:
-    """All durations' count and total, and every :data:`SAMPLE_EVERY`-th of the recent ones
-    (the last :data:`RESERVOIR` so kept) for percentiles. Adding one is a few operations:
-    it runs once per sample fetched."""
+    """All durations' count and total, and every ``every``-th of the recent ones (the last
+    :data:`RESERVOIR` so kept) for percentiles. Adding one is a few operations: it runs once
+    per sample fetched."""
 
-    __slots__ = ("_ring", "count", "total")
+    __slots__ = ("_every", "_ring", "count", "total")
 
-    def __init__(self) -> None:
+    def __init__(self, every: int = SAMPLE_EVERY) -> None:
         self._ring = array("d", bytes(8 * RESERVOIR))
+        self._every = every
         self.count, self.total = 0, 0.0
 
     def add(self, seconds: float) -> None:
         self.total += seconds
         i = self.count
         self.count = i + 1
-        if not i % SAMPLE_EVERY:
-            self._ring[(i // SAMPLE_EVERY) % RESERVOIR] = seconds
+        every = self._every
+        if not i % every:
+            self._ring[(i // every) % RESERVOIR] = seconds
 
     def mean(self) -> float | None:
         return self.total / self.count if self.count else None
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile (nearest rank) of the kept durations, or None without any."""
-        kept = min(RESERVOIR, -(-self.count // SAMPLE_EVERY))
+        kept = min(RESERVOIR, -(-self.count // self._every))
         if not kept:
             return None
         ordered = sorted(self._ring[:kept])
@@ -102,6 +104,7 @@ class EpochMeter:
         # The consumer's thread writes first_batch, stall, busy, _handed and steady.
         self.first_batch: float | None = None
         self.stall = 0.0
+        self.waits = Durations(every=1)  # each wait for a batch after the first
         self.busy = 0.0
         self._handed = start
         #: At the first batch: (time, fetch total, engine total). Mean occupancies count from
@@ -140,6 +143,7 @@ class EpochMeter:
             self.steady = (got, self.fetch.total, self.engine.total)
         else:
             self.stall += got - started
+            self.waits.add(got - started)
             self.busy += started - self._handed
         self._handed = got
 

@@ -107,9 +107,10 @@ def render(stats: LoaderStats, diagnosis: Diagnosis, epoch: int) -> str:
         f"asyncloader, epoch {epoch}: {stats.batches} batches, {stats.samples} samples in "
         f"{stats.elapsed:.1f} s ({stats.throughput:,.0f} samples/s); first batch after {first}",
         f"bottleneck: {diagnosis.stage}: {diagnosis.evidence}; {diagnosis.knob}",
-        f"  consumer  waited {stats.stall_fraction:.0%} of its time ({stats.stall:.2f} s), "
-        f"its step {_ms(stats.consumer_ms)} per batch; the loader waited for it "
-        f"{stats.backpressure:.2f} s",
+        f"  consumer  waited {stats.stall_fraction:.0%} of its time ({stats.stall:.2f} s; "
+        f"per batch p50 {_ms(stats.wait_p50_ms)}, p95 {_ms(stats.wait_p95_ms)}, "
+        f"p99 {_ms(stats.wait_p99_ms)}), its step {_ms(stats.consumer_ms)} per batch; "
+        f"the loader waited for it {stats.backpressure:.2f} s",
     ]
     if stats.fetch_in_flight is not None:
         lines.append(

@@ -44,6 +44,8 @@ class LoaderStats:
         device_busy: Share of the epoch the device stage was busy.
         stall: Seconds the consumer waited for a batch, after the first; ``stall_fraction``
             their share of the consumer's time (waiting and its own steps).
+        wait_p50_ms, wait_p95_ms, wait_p99_ms: The consumer's wait for one batch inside
+            ``next()`` (after the first batch; the last 2,048 waits).
         consumer_ms: Mean time the consumer spent between two batches (its own step).
         backpressure: Seconds the loader waited for a slot while a batch was ready and the
             consumer had not taken it.
@@ -82,6 +84,9 @@ class LoaderStats:
     stall: float = 0.0
     stall_fraction: float = 0.0
     consumer_ms: float | None = None
+    wait_p50_ms: float | None = None
+    wait_p95_ms: float | None = None
+    wait_p99_ms: float | None = None
     backpressure: float = 0.0
     retries: int = 0
     num_workers: int = 0
