@@ -227,16 +227,9 @@ def _read_columns(plan: BatchPlan, seq: int, indices: Sequence[Any]) -> Any:
     """The batch read as columns by ``plan.columns`` (never set with ``on_error="skip"``),
     ready to leave the process, or its :class:`Failure`; ``_NOT_COLUMNS`` where it is not one
     the reader makes."""
-    assert plan.columns is not None
-    stage = "fetch"
-    try:
-        batch = plan.columns.read(plan.dataset, indices)
-        if batch is None:
-            return _NOT_COLUMNS
-        stage = "share"
-        return leave_worker(batch)
-    except Exception as exc:
-        return Failure.capture(exc, stage, seq, indices)
+    columns = plan.columns
+    assert columns is not None
+    return _made_here(lambda: columns.read(plan.dataset, indices), "fetch", seq, indices)
 
 
 def _collate_block(plan: BatchPlan, seq: int, indices: Sequence[Any], block: RowBlock) -> Any:
@@ -250,9 +243,14 @@ def _collate_block(plan: BatchPlan, seq: int, indices: Sequence[Any], block: Row
         or plan.collate not in (default_collate, collate_small)
     ):
         return _NOT_COLUMNS
-    stage = "collate"
+    return _made_here(block.collated, "collate", seq, indices)
+
+
+def _made_here(make: Callable[[], Any], stage: str, seq: int, indices: Sequence[Any]) -> Any:
+    """``make()``'s batch ready to leave the process; ``_NOT_COLUMNS`` where it made none
+    (``None``); or the :class:`Failure` of ``stage`` (or of ``"share"``)."""
     try:
-        batch = block.collated()
+        batch = make()
         if batch is None:
             return _NOT_COLUMNS
         stage = "share"

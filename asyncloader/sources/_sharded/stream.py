@@ -13,8 +13,13 @@ order depends only on (seed, epoch, rank), never on which read finished first.
 Bounds: at most ``shard_concurrency`` readers stream at once (``_reading``), and at most
 ``2 * shard_concurrency`` slices are started and not yet taken to their end (``_ahead``: the
 open slots plus as many read ahead). So at most ``shuffle_buffer + (2 * depth + 2) *
-shard_concurrency`` samples are held: the buffer, the queues, and per streaming reader one
-sample waiting for room and one being assembled.
+shard_concurrency`` queue items are held: the buffer, the queues, and per streaming reader
+one item waiting for room and one being assembled. An item is a sample, or a block of a
+slice's rows (a Parquet row group: its rows are held decoded anyway).
+
+Blocks: where the order is the slices' own (no shuffle buffer, one slice open), the loader
+takes batches as slices of the blocks (``__asyncloader_take__``); otherwise a block's rows
+are made ``ROWS_AT_ONCE`` at a time as they are taken one by one.
 
 Liveness (also with an interleave ``width`` below ``concurrency``, where slices are read
 ahead of their turn): the launcher starts slices in plan order, and the interleave takes them
@@ -140,7 +145,8 @@ class ShardStream:
         depth: Samples each slice's queue holds (``DEPTH`` by default); a deeper queue
             wakes its reader and the consumer once per ``depth`` samples, not per sample.
 
-    Invariant: ``len(buffer) <= buffer_size``, each queue holds ``<= depth`` samples.
+    Invariant: ``len(buffer) <= buffer_size``, each queue holds ``<= depth`` items (a
+    sample, or a block of consecutive rows of its slice: see :class:`_Run`).
     """
 
     def __init__(
