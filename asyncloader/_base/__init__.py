@@ -64,7 +64,7 @@ from asyncloader._base.redaction import (
 )
 from asyncloader._base.reorder import ReorderBuffer
 from asyncloader._base.retries import RETRIES
-from asyncloader._base.row_block import TAKE, RowBlock, Samples, as_rows, joined
+from asyncloader._base.row_block import TAKE, RowBlock, Samples, joined
 from asyncloader._base.seeding import (
     Seeds,
     call_seeded,
@@ -146,7 +146,6 @@ __all__ = [
     "Trimmed",
     "Window",
     "WorkerInfo",
-    "as_rows",
     "available_cores",
     "before_exit",
     "call_in_thread",

@@ -297,10 +297,11 @@ def _in_package(frame: FrameType) -> bool:
     return isinstance(name, str) and (name == "asyncloader" or name.startswith("asyncloader."))
 
 
-def profiled_wait(batch: int) -> contextlib.AbstractContextManager[Any]:
-    """A ``torch.profiler`` range named ``asyncloader: wait for batch <batch>`` while a
+def profiled_wait(batch: Callable[[], int]) -> contextlib.AbstractContextManager[Any]:
+    """A ``torch.profiler`` range named ``asyncloader: wait for batch <batch()>`` while a
     profiler records (so its trace shows the data stalls beside the step), else a no-op: one
-    check of torch's private flag (``torch._C._autograd._profiler_enabled``, torch 2.x)."""
+    check of torch's private flag (``torch._C._autograd._profiler_enabled``, torch 2.x);
+    ``batch`` is called only while one records."""
     if torch._C._autograd._profiler_enabled():
-        return torch.profiler.record_function(f"asyncloader: wait for batch {batch}")
+        return torch.profiler.record_function(f"asyncloader: wait for batch {batch()}")
     return contextlib.nullcontext()

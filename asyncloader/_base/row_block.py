@@ -72,8 +72,3 @@ def joined(pieces: Sequence[Samples]) -> Samples:
     for piece in pieces:
         rows.extend(piece.rows() if isinstance(piece, RowBlock) else piece)
     return rows
-
-
-def as_rows(samples: Samples) -> list[Any]:
-    """``samples`` as a list of rows."""
-    return samples.rows() if isinstance(samples, RowBlock) else samples

@@ -63,7 +63,7 @@ class AsyncIterator:
         asked = now()
         try:
             async with asyncio.timeout(self._timeout) as deadline:
-                with profiled_wait(self._epoch.progress.batches):
+                with profiled_wait(self._received_count):
                     seq, batch = await self._epoch.next()
         except TimeoutError:
             if not deadline.expired():
@@ -85,6 +85,9 @@ class AsyncIterator:
         self._epoch.release()
         self._epoch.progress.delivered(seq)
         return seq, batch
+
+    def _received_count(self) -> int:
+        return self._epoch.progress.batches
 
     @property
     def stats(self) -> LoaderStats:

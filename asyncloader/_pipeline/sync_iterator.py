@@ -244,7 +244,7 @@ class SyncIterator:
         self._epoch.asked()
         asked = now()
         try:
-            with profiled_wait(self._epoch.progress.batches):
+            with profiled_wait(self._received_count):
                 kind, payload = self._queue.get(timeout=self._timeout)
         except queue.Empty:
             # Raise now; the epoch closes in the background (close() waits for it).
@@ -265,6 +265,9 @@ class SyncIterator:
             raise payload
         self._epoch.progress.finish()
         raise StopIteration
+
+    def _received_count(self) -> int:
+        return self._epoch.progress.batches
 
     @property
     def stats(self) -> Any:

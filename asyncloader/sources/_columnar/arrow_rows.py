@@ -49,9 +49,6 @@ class ArrowRows(RowBlock):
     def __len__(self) -> int:
         return int(self.table.num_rows)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (ArrowRows, (self.table,))
-
     def rows(self) -> list[Any]:
         rows: list[Any] = self.table.to_pylist()
         return rows

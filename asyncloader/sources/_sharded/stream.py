@@ -26,7 +26,10 @@ ahead of their turn): the launcher starts slices in plan order, and the interlea
 in plan order, so every slice the consumer can wait on was launched before any slice read
 ahead of it; the permits that could block its launch are held only by slices before it, which
 the consumer has taken to their end (releasing ``_ahead``) and whose readers have finished
-(releasing ``_reading``). So the slice waited on is always being read.
+(releasing ``_reading``). So the slice waited on is always being read. Taking blocks
+(``__asyncloader_take__``) waits on the same queues in the same order and ends a slice the
+same way (``_end_slice`` releases its ``_ahead`` permit at its ``_END``), so the argument
+holds for it too (tests/sources/test_block_stream.py, on a virtual clock).
 
 Structured: the readers are tasks of one TaskGroup owned by the launcher task; its first
 error is handed to the consumer (whichever queue it waits on). Closing the stream cancels
