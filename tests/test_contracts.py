@@ -150,11 +150,11 @@ def parquet(request) -> Callable[[], ParquetSource]:
     return lambda: ParquetSource(urls, **opts)
 
 
-def jsonl(request) -> Callable[[], JsonlSource]:
+def jsonl(request, parse: str = "json") -> Callable[[], JsonlSource]:
     server = request.getfixturevalue("contract_http")
     urls = [server.url(name) for name in JSONL]
     opts = dict(shuffle=True, shuffle_buffer=6, lines_per_file=[20, 9, 13], retry=FAST, seed=SEED)
-    return lambda: JsonlSource(urls, **opts)
+    return lambda: JsonlSource(urls, parse=parse, **opts)
 
 
 def row_id(row: Any) -> int:
@@ -205,6 +205,7 @@ KINDS = [
     Kind("sharded-tar", sharded_tar, key_id, False, BYTES | STREAM),
     Kind("parquet", parquet, lambda row: row["id"], False, BYTES | STREAM),
     Kind("jsonl", jsonl, lambda row: row["id"], False, BYTES | STREAM),
+    Kind("jsonl-arrow", lambda r: jsonl(r, "arrow"), lambda row: row["id"], False, BYTES | STREAM),
 ]
 # Where the work runs: this process's loop and threads; 2 workers transforming (and calling
 # a sync __getitem__); 2 workers fetching too, each on its own loop and iterating its own copy

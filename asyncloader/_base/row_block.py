@@ -45,8 +45,9 @@ class RowBlock(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def concat(cls, blocks: Sequence[RowBlock]) -> RowBlock:
-        """The rows of ``blocks`` (all of this class) one after the other, as one block."""
+    def concat(cls, blocks: Sequence[RowBlock]) -> RowBlock | None:
+        """The rows of ``blocks`` (all of this class) one after the other, as one block, or
+        ``None`` where they cannot be one (then they are joined as rows)."""
 
     def collated(self) -> Any | None:
         """``default_collate(self.rows())`` made without a Python object per value, or
@@ -67,7 +68,9 @@ def joined(pieces: Sequence[Samples]) -> Samples:
     if len(kinds) == 1:
         (kind,) = kinds
         if issubclass(kind, RowBlock):
-            return kind.concat(pieces)  # type: ignore[arg-type]
+            block = kind.concat(pieces)  # type: ignore[arg-type]
+            if block is not None:
+                return block
     rows: list[Any] = []
     for piece in pieces:
         rows.extend(piece.rows() if isinstance(piece, RowBlock) else piece)

@@ -24,7 +24,9 @@ libraries are imported before the clock starts):
   tensor, ``text`` a list of strings, ``tokens`` a list of 128 int64 tensors, one per
   position); asyncloader builds it from the Arrow columns;
 - ``jsonl datasets DataLoader 2`` and ``JsonlSource``: the zstd files, ``load_dataset("json",
-  ..., streaming=True)`` against JsonlSource;
+  ..., streaming=True)`` against JsonlSource; ``JsonlSource arrow``: ``parse="arrow"``;
+- ``JsonlSource arrow default_collate`` and ``jsonl datasets DataLoader 2 default_collate``:
+  the same under the default collate (asyncloader builds the batch from pyarrow's columns);
 - ``Packed``: ``Packed(ParquetSource(urls, columns=["tokens"]), 2048, key="tokens")``,
   batch 8: tokens/s, and the tree's peak RSS sampled over the epoch (flat: it does not grow
   with the epoch).
@@ -72,6 +74,9 @@ CASES = (
     "datasets DataLoader 2 default_collate",
     "jsonl datasets DataLoader 2",
     "JsonlSource",
+    "JsonlSource arrow",
+    "JsonlSource arrow default_collate",
+    "jsonl datasets DataLoader 2 default_collate",
     "Packed",
 )
 
@@ -122,6 +127,8 @@ def loader_for(case: str, server: Any) -> Any:
     if case.startswith(("datasets", "jsonl datasets")):
         import datasets
 
+        if case.endswith("default_collate"):
+            del opts["collate_fn"]
         kind, files = (
             ("json", names(".jsonl.zst")) if case.startswith("jsonl") else ("parquet", None)
         )
@@ -137,8 +144,10 @@ def loader_for(case: str, server: Any) -> Any:
         return AsyncLoader(ParquetSource(urls), **opts)
     if case.startswith("ParquetSource"):
         return AsyncLoader(ParquetSource(urls), **opts, **fetching)
-    if case == "JsonlSource":
-        return AsyncLoader(JsonlSource([server.url(n) for n in names(".jsonl.zst")]), **opts)
+    if case.startswith("JsonlSource"):
+        parse = "arrow" if "arrow" in case else "json"
+        jsonl = [server.url(n) for n in names(".jsonl.zst")]
+        return AsyncLoader(JsonlSource(jsonl, parse=parse), **opts)
     raise ValueError(case)
 
 
@@ -252,6 +261,9 @@ def main() -> None:
         "vs datasets DataLoader 0": side_by_side.paired(runs, "datasets DataLoader 0"),
         "vs datasets DataLoader 2 default_collate": side_by_side.paired(
             runs, "datasets DataLoader 2 default_collate"
+        ),
+        "vs jsonl datasets DataLoader 2 default_collate": side_by_side.paired(
+            runs, "jsonl datasets DataLoader 2 default_collate"
         ),
     }
     print(

@@ -38,6 +38,13 @@ def write(tmp_path, files: dict[str, bytes]) -> list[str]:
     return [str(tmp_path / name) for name in files]
 
 
+@pytest.fixture(params=["json", "arrow"])
+def parse(request, monkeypatch):
+    """Each way of parsing; pyarrow's in blocks of a few lines, so that blocks end mid-file."""
+    monkeypatch.setattr("asyncloader.sources._columnar.jsonl.BLOCK_BYTES", 600)
+    return request.param
+
+
 def stream(source) -> list:
     async def run():
         return [row async for row in source]
@@ -46,10 +53,10 @@ def stream(source) -> list:
 
 
 @pytest.mark.parametrize("compression", [None, "gz", "zst"])
-def test_lines_in_file_order(tmp_path, compression):
+def test_lines_in_file_order(tmp_path, compression, parse):
     paths = write(tmp_path, file_set(compression))
-    assert stream(JsonlSource(paths)) == rows(0, TOTAL)
-    batches = list(AsyncLoader(JsonlSource(paths), batch_size=8, collate_fn=list))
+    assert stream(JsonlSource(paths, parse=parse)) == rows(0, TOTAL)
+    batches = list(AsyncLoader(JsonlSource(paths, parse=parse), batch_size=8, collate_fn=list))
     assert [r["id"] for b in batches for r in b] == list(range(TOTAL))
 
 
@@ -70,13 +77,13 @@ def test_concatenated_members_and_frames(tmp_path):
 
 
 @pytest.mark.parametrize("compression", [None, "gz", "zst"])
-def test_broken_streams_resume_without_loss_or_repeat(http_server, compression):
+def test_broken_streams_resume_without_loss_or_repeat(http_server, compression, parse):
     """Connections cut mid-file: a plain file resumes after its last whole line, a
     compressed one replays past the lines it gave; every line comes once, in order."""
     files = file_set(compression)
     script = {name: ["reset:300", "truncate:500", "ok"] for name in files}
     server = http_server(files, Faults(script=script))
-    source = JsonlSource([server.url(n) for n in files], retry=FAST)
+    source = JsonlSource([server.url(n) for n in files], retry=FAST, parse=parse)
     assert [r["id"] for r in stream(source)] == list(range(TOTAL))
     ranges = [r.range for r in server.requests if r.path.endswith("part-0" + SUFFIX[compression])]
     assert len(ranges) == 3, ranges  # two cut, the third whole
@@ -84,12 +91,14 @@ def test_broken_streams_resume_without_loss_or_repeat(http_server, compression):
         assert all(r and r != "bytes=0-" for r in ranges[1:]), ranges  # resumed at an offset
 
 
-def test_a_malformed_line_is_named_and_can_be_skipped(tmp_path):
+def test_a_malformed_line_is_named_and_can_be_skipped(tmp_path, parse):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b'{"a": 1}\n\n{"a": oops}\n{"a": 3}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl: line 3 is not JSON"):
-        stream(JsonlSource([str(path)]))
-    source = JsonlSource([str(path)], on_error="skip", max_skipped=1, lines_per_file=[3])
+        stream(JsonlSource([str(path)], parse=parse))
+    source = JsonlSource(
+        [str(path)], on_error="skip", max_skipped=1, lines_per_file=[3], parse=parse
+    )
     assert stream(source) == [{"a": 1}, {"a": 3}]
     assert source.skipped == 1 and "line 3" in source.skip_log[0]
     with pytest.raises(ValueError, match="needs lines_per_file"):
@@ -106,17 +115,21 @@ def test_a_truncated_compressed_file_is_a_fetch_error(tmp_path, compression):
     assert caught.value.target.endswith(path.name)
 
 
-def test_compression_is_checked():
+def test_compression_and_parse_are_checked():
     with pytest.raises(ValueError, match="compression must be one of"):
         JsonlSource(["a.jsonl"], compression="brotli")
+    with pytest.raises(ValueError, match="parse must be one of"):
+        JsonlSource(["a.jsonl"], parse="orjson")
 
 
 @pytest.mark.parametrize("compression", [None, "zst"])
-def test_source_state_resumes_exactly(tmp_path, compression):
+def test_source_state_resumes_exactly(tmp_path, compression, parse):
     paths = write(tmp_path, file_set(compression))
 
     def make():
-        return JsonlSource(paths, shuffle=True, seed=3, shuffle_buffer=7, lines_per_file=SIZES)
+        return JsonlSource(
+            paths, shuffle=True, seed=3, shuffle_buffer=7, lines_per_file=SIZES, parse=parse
+        )
 
     async def run():
         reference = [r["id"] async for r in make()]
@@ -134,10 +147,13 @@ def test_source_state_resumes_exactly(tmp_path, compression):
     asyncio.run(run())
 
 
-def test_ranks_split_the_lines_into_equal_shares(tmp_path):
+def test_ranks_split_the_lines_into_equal_shares(tmp_path, parse):
     """Without lines_per_file, the ranks count the files first."""
     paths = write(tmp_path, file_set("gz"))
-    shares = [[r["id"] for r in stream(JsonlSource(paths, rank=k, world_size=3))] for k in range(3)]
+    shares = [
+        [r["id"] for r in stream(JsonlSource(paths, rank=k, world_size=3, parse=parse))]
+        for k in range(3)
+    ]
     assert [len(s) for s in shares] == [TOTAL // 3] * 3
     every = [i for s in shares for i in s]
     assert len(set(every)) == TOTAL - TOTAL % 3 == len(every)
@@ -150,7 +166,7 @@ def test_a_file_holding_other_than_lines_per_file_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("compression", [None, "gz"])
-def test_unshuffled_loader_resumes_exactly(tmp_path, compression):
+def test_unshuffled_loader_resumes_exactly(tmp_path, compression, parse):
     """The default (unshuffled: files in order, the next read ahead), resumed through the
     loader's state after any k batches: the batches that follow are the same."""
     from tests.helpers.contracts import check_resume
@@ -158,7 +174,7 @@ def test_unshuffled_loader_resumes_exactly(tmp_path, compression):
     paths = write(tmp_path, file_set(compression))
 
     def make():
-        return AsyncLoader(JsonlSource(paths), batch_size=7, collate_fn=list)
+        return AsyncLoader(JsonlSource(paths, parse=parse), batch_size=5, collate_fn=list)
 
     check_resume(make, key=lambda batch: [row["id"] for row in batch])
 
@@ -172,3 +188,41 @@ def test_a_line_longer_than_the_limit_is_refused_and_long_lines_are_read(tmp_pat
     assert stream(JsonlSource([str(path)])) == [long, {"a": 1}]
     with pytest.raises(FetchError, match="a line over max_object_size=1048576"):
         stream(JsonlSource([str(path)], max_object_size=1 << 20))
+
+
+def test_arrow_batches_equal_dataloaders_of_the_same_rows(tmp_path, parse):
+    """Under the default collate, each batch built from pyarrow's columns is default_collate
+    of its rows, every row comes once, and (where the training process makes the batches in
+    order) the batches are DataLoader's; on the loop, with 2 workers, fetching in them."""
+    from torch.utils.data import DataLoader, default_collate
+
+    from tests.sources.test_arrow_rows import same
+
+    plain = [{**row, "maybe": 0, "tokens": [row["id"]] * 3} for row in rows(0, TOTAL)]
+    data = "".join(json.dumps(row) + "\n" for row in plain).encode()
+    cut = data.index(b"\n", len(data) // 3) + 1
+    paths = write(tmp_path, {"a.jsonl": data[:cut], "b.jsonl": data[cut:]})
+    for options in ({}, {"num_workers": 2}, {"num_workers": 2, "fetch_in_workers": True}):
+        ours = list(AsyncLoader(JsonlSource(paths, parse=parse), batch_size=8, **options))
+        for batch in ours:
+            assert same(batch, default_collate([plain[i] for i in batch["id"].tolist()]))
+        assert sorted(i for b in ours for i in b["id"].tolist()) == list(range(TOTAL))
+        if "fetch_in_workers" not in options:
+            reference = DataLoader(plain, batch_size=8)
+            assert all(same(a, b) for a, b in zip(ours, reference, strict=True)), options
+
+
+def test_arrow_rows_are_what_pyarrow_reads(tmp_path, monkeypatch):
+    """pyarrow infers a type per column of a block: a missing key is None and ints beside
+    floats are floats; blocks whose schemas differ are joined as rows; a block pyarrow cannot
+    read (a line that is not an object) is parsed line by line."""
+    monkeypatch.setattr("asyncloader.sources._columnar.jsonl.BLOCK_BYTES", 20)
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2.5, "b": "x"}\n{"a": 3}\n{"a": 4}\n[5]\n{"a": 6}\n')
+    want = [{"a": 1.0, "b": None}, {"a": 2.5, "b": "x"}, {"a": 3}, {"a": 4}, [5], {"a": 6}]
+    got = stream(JsonlSource([str(path)], parse="arrow"))
+    assert got == want and [type(r["a"]) for r in got[:4]] == [float, float, int, int]
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_bytes(b'{"a": 1}\n{"a": 2.5}\n{"a": 3}\n{"a": 4}\n')
+    (batch,) = AsyncLoader(JsonlSource([str(numbers)], parse="arrow"), batch_size=4)
+    assert batch["a"].tolist() == [1.0, 2.5, 3.0, 4.0]  # one batch over both schemas

@@ -57,10 +57,16 @@ class ArrowRows(RowBlock):
         return ArrowRows(self.table.slice(start, stop - start))
 
     @classmethod
-    def concat(cls, blocks: Sequence[RowBlock]) -> ArrowRows:
+    def concat(cls, blocks: Sequence[RowBlock]) -> ArrowRows | None:
+        """One block, or ``None`` where the tables' schemas differ (files written apart, or
+        JSON types inferred per block): promoting a type would change the rows' values."""
         import pyarrow as pa
 
-        return ArrowRows(pa.concat_tables([b.table for b in blocks]))  # type: ignore[attr-defined]
+        tables = [b.table for b in blocks]  # type: ignore[attr-defined]
+        first = tables[0].schema
+        if any(not t.schema.equals(first) for t in tables[1:]):
+            return None
+        return ArrowRows(pa.concat_tables(tables))
 
     def collated(self) -> dict[str, Any] | None:
         columns = self.table.columns

@@ -10,15 +10,24 @@ A file streams as it is read and is decompressed as it arrives (``.gz``; ``.zst`
 file at the byte after its last whole line, a compressed one from its start, decompressing
 past the lines it had already given (a compressed stream has no byte offset to resume at).
 Resuming an epoch skips the lines delivered the same way, reading past them without parsing.
+
+``parse="arrow"`` parses blocks of lines with pyarrow's JSON reader, in a thread, and yields
+each block as one :class:`~.arrow_rows.ArrowRows`: under the default collate the batch is
+built from the columns. Its rows are what pyarrow reads, which is what Hugging Face
+``datasets`` gives of JSON Lines, and can differ from ``json.loads`` (see the class).
 """
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import zlib
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from asyncloader.sources._columnar.arrow_rows import ArrowRows
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE
 from asyncloader.sources._redact import redact_url, url_secrets
 from asyncloader.sources._retry import Attempts, Permanent, Retry
@@ -29,6 +38,13 @@ if TYPE_CHECKING:
     from asyncloader.sources._cache.disk_cache import DiskCache
 
 COMPRESSIONS = ("infer", None, "gzip", "zstd")
+PARSERS = ("json", "arrow")
+#: With ``parse="arrow"``, a block is parsed once its lines hold this many bytes (or at the
+#: file's end): pyarrow parses a block's 1 MiB pieces in parallel, and larger blocks go faster
+#: (99k rows/s at 8 MiB against 82k at 2.5 MiB, on 2 cores), at this much memory per block.
+BLOCK_BYTES = 8 << 20
+#: With ``parse="arrow"``, blocks queued per file being read.
+BLOCKS_QUEUED = 2
 #: Lines queued per file being read: the reader and the consumer wake once per this many.
 LINES_QUEUED = 64
 _SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -58,7 +74,8 @@ class Inflate:
                 raise ImportError(
                     "a .zst file needs zstandard: pip install 'asyncloader[zstd]'"
                 ) from exc
-            self._new = zstandard.ZstdDecompressor().decompressobj
+            # 1 MiB out per call: a third less time than the default 128 KiB pieces joined.
+            self._new = partial(zstandard.ZstdDecompressor().decompressobj, write_size=1 << 20)
         self._obj = self._new() if self._new is not None else None
         self._inside = False  # the current member or frame has had input and not ended
 
@@ -101,6 +118,14 @@ class JsonlSource(ShardedSource):
             that fails for good skips its remaining lines; each counted in ``skipped``.
         max_skipped: The most lines to skip with ``on_error="skip"``.
         max_object_size: Longest line accepted, in bytes (decompressed).
+        parse: ``"json"`` (default): each line ``json.loads``-ed. ``"arrow"``: blocks of
+            lines read by pyarrow's JSON reader (as ``datasets`` reads JSON Lines), in a
+            thread; with the default collate the batch is built from the columns, several
+            times faster. The rows differ from ``json.loads``'s where pyarrow infers one type
+            per column of a block: a key missing from a line is ``None``, integers in a
+            column with floats are floats, a nested object has every key of its block. A
+            block pyarrow cannot read as one table (a line that is not an object, types that
+            conflict, a malformed line) is parsed line by line with ``json.loads``.
 
     Raises (at run time):
         ValueError: A malformed line, naming the file and line number (1-based, blank
@@ -132,7 +157,10 @@ class JsonlSource(ShardedSource):
         max_skipped: int | None = None,
         max_object_size: int | None = DEFAULT_MAX_OBJECT_SIZE,
         max_connections: int | None = None,
+        parse: str = "json",
     ) -> None:
+        if parse not in PARSERS:
+            raise ValueError(f"parse must be one of {PARSERS}, got {parse!r}")
         if on_error == "skip" and lines_per_file is None:
             raise ValueError("on_error='skip' needs lines_per_file, to count what it skips")
         if compression not in COMPRESSIONS:
@@ -159,34 +187,36 @@ class JsonlSource(ShardedSource):
             max_object_size=max_object_size,
             max_connections=max_connections,
         )
-        self._compression = compression
+        self._compression, self._block = compression, BLOCK_BYTES if parse == "arrow" else 0
         # Unshuffled, lines come in file order; the next files are read ahead meanwhile.
         self._width = file_concurrency if shuffle else 1
-        self._depth = LINES_QUEUED
+        self._depth = BLOCKS_QUEUED if parse == "arrow" else LINES_QUEUED
 
-    async def samples(self, slc: Slice) -> AsyncGenerator[dict[str, Any], None]:
-        """The raw lines ``[skip, skip + take)`` of one file, as ``{"__url__", "__key__"
-        (``"line N"``), "line"}``; parsed by the source's decode step."""
+    async def samples(self, slc: Slice) -> AsyncGenerator[Any, None]:
+        """The lines ``[skip, skip + take)`` of one file: raw, as ``{"__url__", "__key__"
+        (``"line N"``), "line"}`` for the source's decode step to parse; with
+        ``parse="arrow"`` parsed already, in blocks of about :data:`BLOCK_BYTES`."""
         url = self._urls[slc.shard]
         target = self._client.shown(url)
         attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))
         end = None if slc.take is None else slc.skip + slc.take
         declared = None if self._counts is None else self._counts[slc.shard]
         lines = _Lines(compression_of(url, self._compression), self._max_member)
+        pending = _Pending(target, self._block)  # outlives a broken stream's attempt
         pin: dict[str, Any] = {}
         while True:
             chunks = self._client.stream(url, lines.resume_at(), pin)
             try:
                 async for chunk in chunks:
                     attempts.progressed()
-                    for i, number, raw in lines.feed(chunk):
-                        if i >= slc.skip:
-                            yield {"__url__": target, "__key__": f"line {number}", "line": raw}
-                        if i + 1 == end:
-                            return
-                for i, number, raw in lines.finish():  # a last line without a newline
-                    if i >= slc.skip:
-                        yield {"__url__": target, "__key__": f"line {number}", "line": raw}
+                    pending.add(lines.feed(chunk), slc.skip, end)
+                    async for sample in pending.ready(last=end is not None and lines.seen >= end):
+                        yield sample
+                    if end is not None and lines.seen >= end:
+                        return
+                pending.add(lines.finish(), slc.skip, end)  # a last line without a newline
+                async for sample in pending.ready(last=True):
+                    yield sample
                 _check_count(slc.shard, lines.seen, end, declared)
                 return
             except Exception as exc:
@@ -215,6 +245,63 @@ def _parse_line(sample: dict[str, Any]) -> Any:
         return json.loads(sample["line"])
     except ValueError as exc:
         raise ValueError(f"{sample['__url__']}: {sample['__key__']} is not JSON: {exc}") from None
+
+
+class _Pending:
+    """A file's lines given and not yet yielded: raw, one by one, or (``block`` > 0) parsed
+    by pyarrow once they hold ``block`` bytes."""
+
+    def __init__(self, target: str, block: int) -> None:
+        self._target, self._block = target, block
+        self._lines: list[tuple[int, bytes]] = []  # (line number, line)
+        self._bytes = 0
+
+    def add(self, given: list[tuple[int, int, bytes]], skip: int, end: int | None) -> None:
+        """The lines of ``given`` in ``[skip, end)``."""
+        stop = end if end is not None else float("inf")
+        lines = [(n, raw) for i, n, raw in given if skip <= i < stop]
+        self._lines += lines
+        if self._block:
+            self._bytes += sum(len(raw) for _, raw in lines)
+
+    async def ready(self, last: bool) -> AsyncGenerator[Any, None]:
+        """What can be yielded now: every line, or each block once full, and with ``last``
+        the rest."""
+        if not self._block:
+            for number, raw in self._lines:
+                yield {"__url__": self._target, "__key__": f"line {number}", "line": raw}
+            self._lines = []
+            return
+        while self._lines and (self._bytes >= self._block or last):
+            size, cut = 0, 0
+            while cut < len(self._lines) and size < self._block:
+                size += len(self._lines[cut][1])
+                cut += 1
+            lines, self._lines, self._bytes = (
+                self._lines[:cut],
+                self._lines[cut:],
+                self._bytes - size,
+            )
+            table = await asyncio.to_thread(_arrow_table, [raw for _, raw in lines])
+            if table is not None:
+                yield ArrowRows(table)
+                continue
+            for number, raw in lines:  # one by one, each error named by its line
+                yield {"__url__": self._target, "__key__": f"line {number}", "line": raw}
+
+
+def _arrow_table(lines: list[bytes]) -> Any | None:
+    """``lines`` as one pyarrow table, one row per line, or None where pyarrow cannot read
+    them so (then they are parsed one by one)."""
+    import pyarrow.json as paj
+
+    longest = max(map(len, lines))
+    options = paj.ReadOptions(block_size=max(1 << 20, 2 * longest + 2))
+    try:
+        table = paj.read_json(io.BytesIO(b"\n".join(lines)), read_options=options)
+    except Exception:  # ArrowInvalid and kin: malformed, conflicting or not objects
+        return None
+    return table if table.num_rows == len(lines) else None
 
 
 class _Lines:
