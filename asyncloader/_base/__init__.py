@@ -83,7 +83,14 @@ from asyncloader._base.source_state import (
     restore_dataset,
     source_state,
 )
-from asyncloader._base.structure import DESCEND, map_structure, nbytes, tensors_of
+from asyncloader._base.structure import (
+    DESCEND,
+    array_bytes,
+    arrays_of,
+    map_structure,
+    nbytes,
+    tensors_of,
+)
 from asyncloader._base.threads import (
     call_in_thread,
     finalize_here,
@@ -146,6 +153,8 @@ __all__ = [
     "Trimmed",
     "Window",
     "WorkerInfo",
+    "array_bytes",
+    "arrays_of",
     "available_cores",
     "before_exit",
     "call_in_thread",

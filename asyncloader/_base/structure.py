@@ -43,6 +43,8 @@ def _walk(x: Any, leaf: Callable[[Any], Any]) -> Any:
     if kind in _SCALARS:
         return x
     if kind is list:  # the common containers first, their scalars without a call each
+        if _SCALARS.issuperset(map(type, x)):  # a row's tokens: one C-level check
+            return x.copy()
         return [v if type(v) in _SCALARS else _walk(v, leaf) for v in x]
     if kind is dict:
         return {k: v if type(v) in _SCALARS else _walk(v, leaf) for k, v in x.items()}
@@ -77,33 +79,53 @@ def _rebuild(x: Any, leaf: Callable[[Any], Any]) -> Any:
     return x
 
 
+def arrays_of(data: Any) -> list[torch.Tensor | np.ndarray]:
+    """Every tensor and numpy array reachable through the containers :func:`map_structure`
+    understands, in its order. Only reads: no container is rebuilt, and a list or a dict of
+    plain scalars (a row's tokens) is passed over in one C-level check."""
+    found: list[torch.Tensor | np.ndarray] = []
+    _scan(data, found)
+    return found
+
+
+def _scan(x: Any, found: list[torch.Tensor | np.ndarray]) -> None:
+    kind = type(x)
+    if kind in _SCALARS:
+        return
+    if kind is list or kind is dict:
+        parts = x if kind is list else x.values()
+        if not _SCALARS.issuperset(map(type, parts)):
+            for v in parts:
+                _scan(v, found)
+        return
+    if isinstance(x, torch.Tensor | np.ndarray):
+        found.append(x)
+    elif not isinstance(x, str | bytes):
+        for v in _children(x):
+            _scan(v, found)
+
+
+def _children(x: Any) -> list[Any]:
+    """The parts :func:`_rebuild` would walk, or none for an object it keeps whole."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return [getattr(x, field.name) for field in dataclasses.fields(x)]
+    if isinstance(x, Mapping):
+        return list(x.values())
+    if isinstance(x, tuple | list):
+        return list(x)
+    return []
+
+
 def tensors_of(data: Any) -> list[torch.Tensor]:
     """Every tensor reachable through the containers :func:`map_structure` understands."""
-    found: list[torch.Tensor] = []
-
-    def collect(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            found.append(x)
-            return x
-        return DESCEND
-
-    map_structure(data, collect)
-    return found
+    return [x for x in arrays_of(data) if isinstance(x, torch.Tensor)]
 
 
 def nbytes(batch: Any) -> int:
     """Bytes held by the tensors and numpy arrays in ``batch`` (any nesting)."""
-    total = 0
+    return sum(map(array_bytes, arrays_of(batch)))
 
-    def count(x: Any) -> Any:
-        nonlocal total
-        if isinstance(x, torch.Tensor):
-            total += x.numel() * x.element_size()  # nbytes, which sparse tensors lack
-            return x
-        if isinstance(x, np.ndarray):
-            total += x.nbytes
-            return x
-        return DESCEND
 
-    map_structure(batch, count)
-    return total
+def array_bytes(x: torch.Tensor | np.ndarray) -> int:
+    """Bytes of one tensor (``numel * element_size``: sparse tensors lack ``nbytes``) or array."""
+    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else x.nbytes

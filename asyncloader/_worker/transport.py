@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import asyncloader._base  # noqa: F401  its compat: torch's shared-memory pickling
-from asyncloader._base import DESCEND, map_structure, nbytes
+from asyncloader._base import DESCEND, array_bytes, arrays_of, map_structure
 
 
 class SharedArray:
@@ -103,7 +103,10 @@ def to_shared(batch: Any) -> Any:
     Raises:
         OSError: Shared memory is full (ENOSPC), with how to make room.
     """
-    if nbytes(batch) < BY_VALUE_BYTES:
+    arrays = arrays_of(batch)
+    if not arrays:  # rows as Python objects: nothing to hand over but the pickle
+        return batch
+    if sum(map(array_bytes, arrays)) < BY_VALUE_BYTES:
         return by_value(batch)
     found: list[bool] = []
     try:
