@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from asyncloader._base.structure import DESCEND, map_structure, nbytes, tensors_of
+import numpy as np
+
+from asyncloader._base.structure import DESCEND, arrays_of, map_structure, nbytes, tensors_of
 
 Point = namedtuple("Point", "x y")
 
@@ -42,8 +44,36 @@ def test_tensors_of_finds_every_tensor_once():
     assert [id(t) for t in found] == [id(a), id(b), id(c)]
 
 
+def test_arrays_of_reads_what_a_walk_would_offer():
+    """arrays_of finds the tensors and arrays map_structure would offer, in its order, through
+    rows of scalars and token lists; it rebuilds nothing."""
+    a, b, c = torch.zeros(1), np.ones(3), torch.ones(2, 2)
+    rows = [{"id": i, "tokens": list(range(5)), "text": "t"} for i in range(4)]
+    batch = {"rows": rows, "p": Point(a, [1, b]), "d": Pair(c, "m"), "s": "x", "n": None}
+    offered: list[Any] = []
+
+    def offer(x: Any) -> Any:
+        if isinstance(x, torch.Tensor | np.ndarray):
+            offered.append(x)
+            return x
+        return DESCEND
+
+    map_structure(batch, offer)
+    assert [id(x) for x in arrays_of(batch)] == [id(x) for x in offered] == [id(a), id(b), id(c)]
+    assert arrays_of(rows) == [] and arrays_of([1, "a", None]) == [] and arrays_of(a) == [a]
+    assert nbytes(batch) == 4 + 24 + 16
+
+
+def test_a_worker_sends_rows_of_python_objects_as_they_are():
+    """A batch with no tensor or array leaves a worker as it is (no copy to pickle)."""
+    from asyncloader._worker.transport import to_shared
+
+    rows = [{"id": i, "tokens": [i] * 3} for i in range(3)]
+    assert to_shared(rows) is rows
+
+
 @pytest.mark.parametrize(
-    "walk", [tensors_of, nbytes, lambda b: map_structure(b, lambda x: DESCEND)]
+    "walk", [tensors_of, nbytes, arrays_of, lambda b: map_structure(b, lambda x: DESCEND)]
 )
 def test_a_walk_keeps_nothing_alive(walk: Callable[[Any], Any]) -> None:
     """A walk over a batch leaves no reference cycle behind: the batch's memory (a worker's
