@@ -17,6 +17,17 @@ from asyncloader.errors import (
 )
 from asyncloader.loader import AsyncLoader
 
+
+def __getattr__(name: str) -> object:
+    """``asyncloader.trace``, imported when first used (it is also ``python -m
+    asyncloader.trace``, which must not find it imported already)."""
+    if name == "trace":
+        import importlib
+
+        return importlib.import_module("asyncloader.trace")
+    raise AttributeError(f"module 'asyncloader' has no attribute {name!r}")
+
+
 __all__ = [
     "AsyncLoader",
     "AsyncLoaderError",
@@ -30,4 +41,5 @@ __all__ = [
     "WorkerCrashedError",
     "WorkerInfo",
     "get_worker_info",
+    "trace",
 ]

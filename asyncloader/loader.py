@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch.utils.data import Dataset
 
-from asyncloader._base import MapStyle, finalize_here, warn_many_workers
+from asyncloader._base import MapStyle, finalize_here, tracing, warn_many_workers
 from asyncloader._config import Options, loader_options
 from asyncloader._engines import Workers
 from asyncloader._pipeline import (
@@ -264,6 +264,7 @@ class AsyncLoader(DataLoaderAttributes, Generic[T_co]):
         )  # fmt: skip
         warn_many_workers(type(self).__name__, num_workers)
         tell_rank(self._options)
+        tracing.from_environment()  # ASYNCLOADER_TRACE=<dir>: this process records from now on
         self._setup()
 
     def _setup(self) -> None:

@@ -32,7 +32,7 @@ LAYERS = (
     "_pipeline",
 )
 #: Public modules: they sit on top and may import every layer.
-PUBLIC = ("__init__", "loader", "diagnose", "images", "ray")
+PUBLIC = ("__init__", "loader", "diagnose", "images", "ray", "trace")
 #: What a worker process's code must never import: the training process's side.
 PARENT_SIDE = ("_checkpoint", "_engines", "_pipeline", "sources", *PUBLIC[1:])
 RAY_IMPORTERS = ("asyncloader.ray", "asyncloader._engines.ray")

@@ -15,6 +15,7 @@ datasets through this layer only.
 
 from __future__ import annotations
 
+from asyncloader._base import recorder as tracing
 from asyncloader._base.compat import (
     before_exit,
     caller_frames,
@@ -235,6 +236,7 @@ __all__ = [
     "take_sync",
     "tensors_of",
     "thread_frames",
+    "tracing",
     "unsafe_to_wait",
     "unwrap_group",
     "warn_at_caller",

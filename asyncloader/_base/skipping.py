@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from asyncloader._base import recorder as tracing
 from asyncloader._base.failure import Failure
 from asyncloader._base.redaction import RedactingFilter, redact_text
 
@@ -119,6 +120,8 @@ class SkipLedger:
                     f"this epoch already, the budget max_skipped={self.max_skipped} is spent"
                 )
                 return skip.failure
+            skipped = {"index": repr(skip.index), "batch": seq, "stage": skip.stage}
+            tracing.instant("skip", "failure", skipped)
             log.warning(
                 "skipped sample index=%r of batch %d at stage=%s (%d of max_skipped=%d): %s",
                 skip.index,

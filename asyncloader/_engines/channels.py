@@ -24,6 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from asyncloader._base import tracing
 from asyncloader._engines.requests import Requests, complete
 from asyncloader._worker import (
     STOP,
@@ -126,7 +127,7 @@ class Channels(Requests):
 
     def _request(self, worker: int, request: Request) -> Future[Any]:
         future: Future[Any] = Future()
-        message = Keyed(next(_keys), request)  # answered under its key
+        message = Keyed(next(_keys), request, tracing.ACTIVE is not None)  # answered by key
         key = message.key
         with self._lock:
             if self._dead or self._closing:

@@ -30,10 +30,17 @@ from asyncloader._base import (
     pool_is_broken,
     pool_manager_thread,
     pool_processes,
+    tracing,
 )
 from asyncloader._config import Options
 from asyncloader._engines.start_method import check_start, default_mp_context
-from asyncloader._worker import BatchPlan, Running, init_failure, init_worker, run_batch
+from asyncloader._worker import (
+    BatchPlan,
+    Running,
+    init_failure,
+    init_worker,
+    run_batch_traced,
+)
 from asyncloader.errors import WorkerCrashedError
 
 SHUTDOWN_GRACE_S = 5.0
@@ -179,7 +186,8 @@ class ProcessPool:
         The executor completes the future: the batch, ``BrokenProcessPool`` once a worker
         died, or cancelled by :meth:`shutdown` (``cancel_futures``) when it had not started,
         which the Transformer turns into an error of the epoch still waiting for it."""
-        return self.executor.submit(run_batch, None, seq, indices, samples, seeds)
+        trace = tracing.ACTIVE is not None
+        return self.executor.submit(run_batch_traced, trace, seq, indices, samples, seeds)
 
     def describe_crash(self, inflight: Mapping[int, Sequence[Any]]) -> str:
         """Names the workers that died, how (exit code or signal) and the batch each held.

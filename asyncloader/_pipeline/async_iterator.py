@@ -12,7 +12,7 @@ import contextlib
 import weakref
 from typing import Any
 
-from asyncloader._base import EMPTY, finalize_here, profiled_wait
+from asyncloader._base import EMPTY, finalize_here, profiled_wait, tracing
 from asyncloader._pipeline.device import hand_over
 from asyncloader._pipeline.epoch import Epoch
 from asyncloader._tuning import LoaderStats, now
@@ -60,11 +60,12 @@ class AsyncIterator:
             loop = asyncio.get_running_loop()
             self._finalizer = finalize_here(self, _cancel_threadsafe, loop, task)
         self._epoch.asked()
-        asked = now()
+        asked, began = now(), tracing.clock()
         try:
             async with asyncio.timeout(self._timeout) as deadline:
                 with profiled_wait(self._received_count):
                     seq, batch = await self._epoch.next()
+                tracing.waited(began, seq)
         except TimeoutError:
             if not deadline.expired():
                 await self.aclose()

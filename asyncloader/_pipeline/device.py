@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from asyncloader._base import DESCEND, map_structure, settle, tensors_of
+from asyncloader._base import DESCEND, map_structure, settle, tensors_of, tracing
 
 
 def _apply(data: Any, on_tensor: Callable[[torch.Tensor], Any], method: str) -> Any:
@@ -148,7 +148,8 @@ class DeviceStage:
 
     def _process(self, batch: Any, stream: Any) -> Any:
         if self._pin:
-            batch = _apply(batch, _pin, "pin_memory")
+            with tracing.span("pin"):
+                batch = _apply(batch, _pin, "pin_memory")
         device, transform = self._device, self._transform
         if device is None:
             return batch if transform is None else transform(batch)
@@ -157,11 +158,12 @@ class DeviceStage:
             return x.to(device, non_blocking=True)
 
         if stream is None:
-            out = _apply(batch, to, "to")
+            with tracing.span("copy"):
+                out = _apply(batch, to, "to")
             return out if transform is None else transform(out)
         while self._held and self._held[0][1].query():
             self._held.popleft()  # (3): those copies are done, their sources may go
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), tracing.span("copy (queued on the side stream)"):
             out = _apply(batch, to, "to")
             if transform is not None:
                 out = transform(out)

@@ -49,6 +49,7 @@ from asyncloader._base import (
     Window,
     loop_registered,
     nbytes,
+    tracing,
     unwrap_group,
 )
 from asyncloader._checkpoint import Progress
@@ -226,7 +227,20 @@ class Epoch:
             self.meter.samples += len(indices)
         if not self._sized and not isinstance(item, Failure):
             self._measured(item)
+        if tracing.ACTIVE is not None:
+            self._trace_counters()
         return seq, item
+
+    def _trace_counters(self) -> None:
+        """The pipeline's levels as a batch is handed over: the trace's counter tracks."""
+        window = self._window
+        tracing.counter(
+            "batches", {"window": window.size, "ahead": window.ahead, "ready": self._buffer.ready}
+        )
+        fetcher = self._fetcher
+        if isinstance(fetcher, Fetcher):
+            fetching = {"in flight": fetcher.fetching, "limit": fetcher.limit}
+            tracing.counter("samples", fetching)
 
     def _measured(self, item: Any) -> None:
         """The first batch's size, once (a batch of no tensors or arrays measures 0 bytes):
@@ -238,7 +252,7 @@ class Epoch:
         self.meter.batch_bytes = nbytes(batch)
         tuner, size = self._prefetcher, self.meter.batch_bytes
         if tuner is not None and size and tuner.measured(size) is not None:
-            self._resize()
+            self._resize("prefetch: the first batch measured against the memory budget")
 
     def outcome(self, seq: int, item: Any) -> Any:
         """What the consumer gets for batch ``seq`` (``item`` from :meth:`next`), on its thread.
@@ -283,7 +297,7 @@ class Epoch:
                 at, meter.stall, meter.busy, window.admitted, window.blocked, window.size
             )
             if moved is not None:
-                self._resize()
+                self._resize("prefetch: the consumer's waits against the pipeline's")
 
     def ahead_reached(self, batches: int) -> threading.Event:
         """Set once ``batches`` batches were ahead of the consumer at once (``max_ahead``),
@@ -390,7 +404,7 @@ class Epoch:
                     skip,
                     meter,
                     self._tuner,
-                    lambda limit: self._resize(),
+                    lambda limit: self._resize("io limit: samples/s at the last limit"),
                 )
             if device is not None:
                 pump = device_pump(
@@ -443,7 +457,7 @@ class Epoch:
             fetching = options.fetch_room
         return options.window_for(fetching, self.prefetch)
 
-    def _resize(self) -> None:
+    def _resize(self, reason: str) -> None:
         """A tuner moved the fetch limit or ``prefetch``: the window and the engine's room
         follow.
 
@@ -459,6 +473,8 @@ class Epoch:
             self._transformer.resize(self._options.engine_window_for(self.prefetch))
         limit = self._tuner.limit if self._tuner is not None else None
         self.meter.tuned.append((now(), limit, self.prefetch, size))
+        decision = {"reason": reason, "io limit": limit, "prefetch": self.prefetch, "window": size}
+        tracing.instant("tuner", "tuner", decision)
 
     async def _process(
         self,

@@ -37,6 +37,7 @@ from asyncloader._base import (
     loop_registered,
     new_event_loop,
     profiled_wait,
+    tracing,
     unsafe_to_wait,
 )
 from asyncloader._pipeline.device import hand_over
@@ -242,7 +243,7 @@ class SyncIterator:
         if self._done:
             raise StopIteration
         self._epoch.asked()
-        asked = now()
+        asked, began = now(), tracing.clock()
         try:
             with profiled_wait(self._received_count):
                 kind, payload = self._queue.get(timeout=self._timeout)
@@ -255,6 +256,7 @@ class SyncIterator:
             raise error from None
         if kind == _ITEM:
             seq, item = payload
+            tracing.waited(began, seq)
             self._epoch.meter.received(asked)
             self._epoch.progress.delivered(seq)
             with contextlib.suppress(RuntimeError):

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch.utils.data import default_collate, default_convert
 
-from asyncloader._base import Samples, Seeds, Trimmed, Window, nbytes, run_in_thread
+from asyncloader._base import Samples, Seeds, Trimmed, Window, nbytes, run_in_thread, tracing
 from asyncloader._engines import Engine, LoopEngine
 from asyncloader._tuning import EpochMeter, now
 from asyncloader._worker import BatchPlan, Pooled, Returns, collate_small, from_shared, run_batch
@@ -120,12 +120,15 @@ class Transformer:
         async with self._room:
             meter = self._meter
             began = now() if meter is not None else 0.0
+            tracing.begin(f"batch {seq}", "engine", seq)
             try:  # submit() itself raises once the pool is broken
                 future = self.engine.submit(seq, indices, samples, self._seeds)
                 return self.received(await _answer(future, seq))
             except BrokenProcessPool as exc:
+                tracing.instant("worker crashed", "failure", {"batch": seq, "error": str(exc)})
                 raise await self.crashed(exc) from exc
             finally:
+                tracing.end(f"batch {seq}", "engine", seq)
                 if meter is not None:
                     meter.engine.add(now() - began)
 
@@ -148,6 +151,7 @@ class Transformer:
 
     def received(self, result: Any) -> Any:
         """A batch as the engine returned it, unpacked in this process."""
+        result = tracing.absorb(result)
         if type(result) is Trimmed:  # on_error="skip" left samples out
             result.batch = self._unpacked(result.batch)
             return result

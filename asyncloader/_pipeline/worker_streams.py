@@ -30,6 +30,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from asyncloader._base import tracing
 from asyncloader._checkpoint import Progress, fresh_state
 from asyncloader._config import Options
 from asyncloader._engines import WorkerEngine
@@ -90,7 +91,7 @@ async def worker_stream_batches(
             elif workers[w]["ended"]:
                 w = (w + 1) % n
                 continue
-            answer = _checked(await ahead[w].popleft(), w)
+            answer = _checked(tracing.absorb(await ahead[w].popleft()), w)
             if isinstance(answer, Ended):
                 _ended(workers[w], ahead[w], answer)
                 continue

@@ -16,7 +16,7 @@ from asyncloader._worker.collate import collate_small
 from asyncloader._worker.fetch import Fetcher, fetch_then_run
 from asyncloader._worker.getitems import BatchFetcher
 from asyncloader._worker.loop import WorkerCore, serve, serve_on
-from asyncloader._worker.plan import BatchPlan, run_batch
+from asyncloader._worker.plan import BatchPlan, run_batch, run_batch_traced
 from asyncloader._worker.process_state import shares_batches
 from asyncloader._worker.protocol import (
     LOST,
@@ -69,6 +69,7 @@ __all__ = [
     "init_worker",
     "read_answer",
     "run_batch",
+    "run_batch_traced",
     "serve",
     "serve_on",
     "setup_worker",

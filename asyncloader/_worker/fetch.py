@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncloader._base import Failure, Samples, Skip, Trimmed
+from asyncloader._base import Failure, Samples, Skip, Trimmed, tracing
 from asyncloader._tuning import EpochMeter, FetchTuner, now
 from asyncloader.errors import AsyncLoaderError
 
@@ -314,7 +314,11 @@ async def fetch_then_run(
     result: Any = samples
     fetched: Trimmed | None = None  # the samples fetch left out (on_error="skip")
     if samples is None and fetcher is not None:
-        result = await fetcher.fetch(seq, indices)
+        tracing.begin(f"fetch {seq}", "fetch", seq, {"samples": len(indices)})
+        try:
+            result = await fetcher.fetch(seq, indices)
+        finally:
+            tracing.end(f"fetch {seq}", "fetch", seq)
         if type(result) is Trimmed:
             fetched, indices, result = result, result.indices, result.batch
     if fetched is not None and fetched.empty:

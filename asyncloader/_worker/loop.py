@@ -41,6 +41,7 @@ from asyncloader._base import (
     sync_stream,
     take_async,
     take_sync,
+    tracing,
 )
 from asyncloader._tuning import FetchTuner
 from asyncloader._worker.fetch import Fetcher, fetch_then_run
@@ -386,7 +387,7 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
 
     def reply(key: int, request: Request, result: Any) -> None:
         try:
-            payload = answer_bytes(key, result)
+            payload = answer_bytes(key, tracing.with_events(result))
         except Exception as exc:  # the result does not pickle: say so in its place
             indices = result[0] if type(result) is tuple else getattr(request, "indices", ())
             seq = batch_of(request)
@@ -405,6 +406,7 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
     try:
         while (message := await inbox.get()) is not STOP:
             assert isinstance(message, Keyed)
+            tracing.worker_recording(message.trace, lambda: f"worker {worker_id}")
             request = message.request
             core.spawn(
                 answer(message.key, request), name=f"{type(request).__name__}:{batch_of(request)}"

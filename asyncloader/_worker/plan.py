@@ -10,6 +10,7 @@ A batch made in a worker process leaves it through :func:`leave_worker`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from asyncloader._base import (
     Trimmed,
     call_seeded,
     get_worker_info,
+    tracing,
 )
 from asyncloader._worker.buffers import settle
 from asyncloader._worker.collate import collate_small, worker_collate
@@ -127,6 +129,24 @@ def leave_worker(batch: Any) -> Any:
     return batch
 
 
+def run_batch_traced(
+    trace: bool,
+    seq: int,
+    indices: Sequence[Any],
+    samples: Samples | None,
+    seeds: Seeds | None = None,
+) -> Any:
+    """:func:`run_batch` in a pool's worker (which holds its plan), recorded while the
+    training process traces (``trace``): then answered with the events (a ``Traced``)."""
+    tracing.worker_recording(trace, _worker_name)
+    return tracing.with_events(run_batch(None, seq, indices, samples, seeds))
+
+
+def _worker_name() -> str:
+    info = get_worker_info()
+    return f"worker {info.id}" if info is not None else f"worker pid {os.getpid()}"
+
+
 def run_batch(
     plan: BatchPlan | None,
     seq: int,
@@ -198,12 +218,16 @@ def _run(
         if batch is not _NOT_COLUMNS:
             return batch
     if samples is None:
-        fetched = _fetch(plan, seq, indices, epoch_seed, skips)
+        with tracing.span(f"fetch {seq}", args={"samples": len(indices)}):
+            fetched = _fetch(plan, seq, indices, epoch_seed, skips)
         if isinstance(fetched, Failure):
             return fetched
         keys, samples = fetched
     if plan.transform is not None:
-        done = _each("transform", plan.transform, seq, indices, keys, samples, epoch_seed, skips)
+        with tracing.span(f"transform {seq}"):
+            done = _each(
+                "transform", plan.transform, seq, indices, keys, samples, epoch_seed, skips
+            )
         if isinstance(done, Failure):
             return done
         keys, samples = done
@@ -212,9 +236,12 @@ def _run(
     stage = "collate"
     try:
         collate = worker_collate(plan.collate)
-        batch = call_seeded(epoch_seed, -1 - seq, collate, samples if plan.batched else samples[0])
+        with tracing.span(f"collate {seq}"):
+            batch = call_seeded(
+                epoch_seed, -1 - seq, collate, samples if plan.batched else samples[0]
+            )
         stage = "share"
-        batch = leave_worker(batch)
+        batch = _left(batch, seq)
     except Exception as exc:
         batch = Failure.capture(exc, stage, seq, indices)
     return Trimmed(batch, skips) if skips else batch
@@ -246,15 +273,23 @@ def _collate_block(plan: BatchPlan, seq: int, indices: Sequence[Any], block: Row
     return _made_here(block.collated, "collate", seq, indices)
 
 
+def _left(batch: Any, seq: int) -> Any:
+    """:func:`leave_worker`, as the slice where batch ``seq``'s arrow to its delivery starts."""
+    with tracing.span(f"share {seq}"):
+        tracing.flow("s", seq)
+        return leave_worker(batch)
+
+
 def _made_here(make: Callable[[], Any], stage: str, seq: int, indices: Sequence[Any]) -> Any:
     """``make()``'s batch ready to leave the process; ``_NOT_COLUMNS`` where it made none
     (``None``); or the :class:`Failure` of ``stage`` (or of ``"share"``)."""
     try:
-        batch = make()
+        with tracing.span(f"{stage} {seq}"):
+            batch = make()
         if batch is None:
             return _NOT_COLUMNS
         stage = "share"
-        return leave_worker(batch)
+        return _left(batch, seq)
     except Exception as exc:
         return Failure.capture(exc, stage, seq, indices)
 

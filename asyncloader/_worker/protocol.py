@@ -132,6 +132,7 @@ class Keyed:
 
     key: int
     request: Request
+    trace: bool = False  # the training process is tracing: answer with the events too
 
 
 class Signal(enum.Enum):

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from asyncloader._base import RETRIES
+from asyncloader._base import RETRIES, tracing
 from asyncloader.errors import FetchError
 from asyncloader.sources._redact import Redactor
 
@@ -304,6 +304,8 @@ class Attempts:
             raise error from exc
         log.debug("retrying %s in %.3fs after attempt %d: %s", self.target, wait, self.total, cause)
         RETRIES[0] += 1
+        retry = {"target": self.target, "attempt": self.total, "wait_s": wait, "cause": cause}
+        tracing.instant("retry", "source", retry)  # target and cause are redacted
         await self._sleep(wait)
 
 

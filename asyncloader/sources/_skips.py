@@ -20,7 +20,7 @@ from typing import Any
 
 from torch.utils.data import default_collate
 
-from asyncloader._base import check_on_error, redact_text
+from asyncloader._base import check_on_error, redact_text, tracing
 
 log = logging.getLogger("asyncloader.sources")
 _LOG_LENGTH = 16
@@ -78,6 +78,7 @@ class Skips:
             self.recent.append(f"{target}: {reason}")
             count = self.count
         log.warning("skipped %d sample(s) of %s (%d so far): %s", samples, target, count, reason)
+        tracing.instant("skip", "source", {"target": target, "samples": samples, "reason": reason})
         return True
 
     def __getstate__(self) -> dict[str, Any]:
