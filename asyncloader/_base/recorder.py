@@ -62,6 +62,9 @@ class Recorder:
         self.pid = os.getpid()
         self.processes: dict[int, str] = {self.pid: process_name}
         self.threads: dict[tuple[int, int], str] = {}
+        #: A worker's own iteration: its batch ``n`` is the flow ``flow_of(n)``.
+        self.flow_of: Callable[[int], int] | None = None
+        self.aliases: dict[int, int] = {}  # the consumer's batch -> the flow that ends there
         self._lock = threading.Lock()  # names only: deque.append is atomic
 
     def _tid(self) -> int:
@@ -177,7 +180,25 @@ def flow(ph: str, ident: int) -> None:
     delivery (``ph="f"``)."""
     recorder = ACTIVE
     if recorder is not None:
+        if recorder.flow_of is not None:
+            ident = recorder.flow_of(ident)
         recorder.add(ph, "batch", "flow", now_us(), id=ident)
+
+
+def stream_flows(worker: int, workers: int) -> None:
+    """In a worker iterating its own part of an iterable: its batch ``n`` is the epoch's
+    ``n * workers + worker`` for the arrows (the training process says which it delivered
+    as which: :func:`alias`)."""
+    recorder = ACTIVE
+    if recorder is not None and recorder.flow_of is None:
+        recorder.flow_of = lambda n: n * workers + worker
+
+
+def alias(seq: int, ident: int) -> None:
+    """The consumer's batch ``seq`` is the flow ``ident`` a worker started."""
+    recorder = ACTIVE
+    if recorder is not None:
+        recorder.aliases[seq] = ident
 
 
 class Traced:
@@ -247,7 +268,8 @@ def waited(began: float, seq: int) -> None:
         recorder.add(
             "X", f"wait for batch {seq}", "wait", began, ended - began, args={"batch": seq}
         )
-        recorder.add("f", "batch", "flow", (began + ended) / 2, id=seq)
+        ident = recorder.aliases.pop(seq, seq)
+        recorder.add("f", "batch", "flow", (began + ended) / 2, id=ident)
 
 
 def write(recorder: Recorder, path: str | os.PathLike[str]) -> None:

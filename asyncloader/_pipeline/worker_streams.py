@@ -96,6 +96,7 @@ async def worker_stream_batches(
                 _ended(workers[w], ahead[w], answer)
                 continue
             indices, result, state = answer
+            tracing.alias(seq, workers[w]["delivered"] * n + w)
             workers[w]["delivered"] += 1
             workers[w]["state"] = state
             ask(w)

@@ -32,6 +32,7 @@ from asyncloader._base import (
     Seeds,
     SourceKind,
     call_seeded,
+    get_worker_info,
     loader_threads,
     new_event_loop,
     open_iterator,
@@ -305,6 +306,9 @@ class WorkerCore:
             stream.ended = Ended(state)
             return stream.ended
         offsets = offsets[: len(samples)]
+        info = get_worker_info()
+        if info is not None:
+            tracing.stream_flows(info.id, info.num_workers)
         result = await self._runner(self._run_plan, None)(number, offsets, samples)
         if isinstance(result, Failure):
             result.exc.add_note(f"asyncloader: worker={self._id} (batch {number} of its stream)")
