@@ -28,6 +28,7 @@ TOY: dict[str, list[tuple[list[str], list[str], str]]] = {
     "hf_datasets": [(["--toy"], ["datasets"], "AsyncLoader, 2 fetching")],
     "inmemory": [(["--toy"], [], "dicts | AsyncLoader forkserver")],
     "jpeg_shards": [(["--toy"], ["webdataset"], "| alone: ImageBatch uint8 |")],
+    "trace_overhead": [(["--toy"], [], "overhead on")],
 }
 #: The harness at toy size: (module and arguments, modules it needs, expected output).
 HARNESS: list[tuple[list[str], list[str], str]] = [
