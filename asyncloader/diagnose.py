@@ -3,6 +3,7 @@
 ::
 
     python -m asyncloader.diagnose my_project.data:make_loader [--batches 200] [--step-ms 0]
+        [--html report.html]
 
 ``module:factory`` names a function that returns an :class:`~asyncloader.AsyncLoader` (called
 with no arguments). The loader runs for ``--batches`` batches (or one epoch, if shorter)
@@ -10,7 +11,8 @@ with no training step, or with ``--step-ms`` of simulated step per batch; a prog
 shows batches/s, samples/s and the share of the time spent waiting for data, then
 :meth:`AsyncLoader.report` is printed: the stage that sets the pace, the evidence and the knob.
 With no step the consumer never holds the loader back, so the report names the loader's own
-bottleneck: the ceiling your training loop can get.
+bottleneck: the ceiling your training loop can get. ``--html`` also writes the report as a
+page with a timeline of the stages (the run is traced: :func:`asyncloader.trace`).
 
 For a loader that hangs, :func:`dump_state` says what each stage holds and where every task
 and thread waits (``ASYNCLOADER_STALL_DUMP=<seconds>`` logs it by itself at a stall).
@@ -27,6 +29,7 @@ from typing import Any
 
 from asyncloader._pipeline import dump_epochs
 from asyncloader.loader import AsyncLoader
+from asyncloader.trace import trace
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -42,9 +45,16 @@ def load_factory(spec: str) -> Callable[[], Any]:
     return factory
 
 
-def run(loader: AsyncLoader[Any], batches: int, step_s: float = 0.0, out: Any = None) -> str:
+def run(
+    loader: AsyncLoader[Any],
+    batches: int,
+    step_s: float = 0.0,
+    out: Any = None,
+    html: str | None = None,
+) -> str:
     """Takes up to ``batches`` batches (``step_s`` of sleep after each, as a training step),
-    showing progress on ``out`` (stderr); returns the loader's report."""
+    showing progress on ``out`` (stderr); returns the loader's report (also written to
+    ``html`` as a page, see :meth:`AsyncLoader.report`)."""
     out = out or sys.stderr
     start = last = time.perf_counter()
     taken = 0
@@ -66,7 +76,7 @@ def run(loader: AsyncLoader[Any], batches: int, step_s: float = 0.0, out: Any = 
             if taken == batches:
                 break
         out.write("\n")
-        return loader.report()
+        return loader.report(html=html)
 
 
 def dump_state(loader: AsyncLoader[Any]) -> str:
@@ -88,13 +98,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("factory", help="module:function returning an AsyncLoader")
     parser.add_argument("--batches", type=int, default=200, help="batches to take (200)")
     parser.add_argument("--step-ms", type=float, default=0.0, help="simulated step per batch")
+    parser.add_argument(
+        "--html",
+        help="also write the report as a page there, with a timeline; the run's trace goes "
+        "beside it (PATH.trace.json, for https://ui.perfetto.dev)",
+    )
     args = parser.parse_args(argv)
     if args.batches < 1:
         parser.error("--batches must be >= 1")
     loader = load_factory(args.factory)()
     if not isinstance(loader, AsyncLoader):
         parser.error(f"{args.factory} returned a {type(loader).__qualname__}, not an AsyncLoader")
-    print(run(loader, args.batches, args.step_ms / 1000))
+    if args.html is None:
+        print(run(loader, args.batches, args.step_ms / 1000))
+        return
+    with trace(f"{args.html}.trace.json"):
+        print(run(loader, args.batches, args.step_ms / 1000, html=args.html))
+    print(f"wrote {args.html} and {args.html}.trace.json")
 
 
 if __name__ == "__main__":

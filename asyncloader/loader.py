@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import os
 import weakref
 from collections.abc import AsyncIterable, Callable, Iterable
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -27,7 +29,7 @@ from asyncloader._pipeline import (
     release,
     tell_rank,
 )
-from asyncloader._tuning import Diagnosis, LoaderStats, diagnose, render
+from asyncloader._tuning import Diagnosis, LoaderStats, PageData, diagnose, render, render_page
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -301,7 +303,7 @@ class AsyncLoader(DataLoaderAttributes, Generic[T_co]):
         """The :attr:`stats` of the epoch before the current (or last) one, if any."""
         return self._across.previous
 
-    def report(self) -> str:
+    def report(self, html: str | os.PathLike[str] | None = None) -> str:
         """A short summary of the current (or last) epoch that names the stage holding it
         back, with the evidence and the option that would move it, then one line per stage::
 
@@ -311,9 +313,29 @@ class AsyncLoader(DataLoaderAttributes, Generic[T_co]):
         The stage is one of ``consumer`` (the training step; the loader keeps up),
         ``device``, ``cpu`` (the workers), ``storage``, ``source``, or ``unknown`` before three
         batches (the rules: :mod:`asyncloader._tuning.report`).
+
+        With ``html``, also writes the report there as one self-contained page (it opens
+        offline): the verdict, each stage's utilisation, the consumer's wait per batch, the
+        tuners' decisions, and inside :func:`asyncloader.trace` a timeline of the stages.
         """
         stats = self.stats
-        return render(stats, diagnose(stats, self._epoch_options), max(self._across.number, 0))
+        diagnosis = diagnose(stats, self._epoch_options)
+        text = render(stats, diagnosis, max(self._across.number, 0))
+        if html is not None:
+            title = f"asyncloader report: {type(self).__name__}, epoch {self._across.number}"
+            Path(html).write_text(render_page(stats, diagnosis, self._page_data(), title))
+        return text
+
+    def _page_data(self) -> PageData:
+        epoch = self._across.last
+        recorder = tracing.ACTIVE
+        events = recorder.trace_events() if recorder is not None else ()
+        if epoch is None:
+            return PageData((), (), events)
+        meter = epoch.meter
+        steps = [(step * 1e3, wait * 1e3) for step, wait in meter.steps]
+        tuned = [(at - meter.started, lim, pre, win) for at, lim, pre, win in meter.tuned]
+        return PageData(steps, tuned, events)
 
     def bottleneck(self) -> Diagnosis:
         """The bottleneck :meth:`report` names: ``.stage``, ``.evidence`` and ``.knob``."""

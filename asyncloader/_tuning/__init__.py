@@ -11,6 +11,7 @@ from __future__ import annotations
 from asyncloader._tuning.autosize import PrefetchTuner, WorkerTuner
 from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._tuning.meter import EpochMeter, now
+from asyncloader._tuning.page import PageData, render_page
 from asyncloader._tuning.report import Diagnosis, diagnose, render
 from asyncloader._tuning.stats import LoaderStats
 
@@ -19,9 +20,11 @@ __all__ = [
     "EpochMeter",
     "FetchTuner",
     "LoaderStats",
+    "PageData",
     "PrefetchTuner",
     "WorkerTuner",
     "diagnose",
     "now",
     "render",
+    "render_page",
 ]

@@ -105,6 +105,8 @@ class EpochMeter:
         self.first_batch: float | None = None
         self.stall = 0.0
         self.waits = Durations(every=1)  # each wait for a batch after the first
+        #: The last batches' (the consumer's step before asking, its wait), in seconds.
+        self.steps: deque[tuple[float, float]] = deque(maxlen=RESERVOIR)
         self.busy = 0.0
         self._handed = start
         #: At the first batch: (time, fetch total, engine total). Mean occupancies count from
@@ -145,6 +147,7 @@ class EpochMeter:
             self.stall += got - started
             self.waits.add(got - started)
             self.busy += started - self._handed
+            self.steps.append((started - self._handed, got - started))
         self._handed = got
 
     def end(self) -> None:
