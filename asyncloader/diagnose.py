@@ -21,10 +21,13 @@ and thread waits (``ASYNCLOADER_STALL_DUMP=<seconds>`` logs it by itself at a st
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
+import inspect
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from asyncloader._pipeline import dump_epochs
@@ -79,6 +82,131 @@ def run(
         return loader.report(html=html)
 
 
+class Replay:
+    """A map-style dataset whose item ``i`` is ``samples[i % len(samples)]``, from memory,
+    as long as ``length``: the samples of a pass that read them, for a pass without reading."""
+
+    def __init__(self, samples: list[Any], length: int) -> None:
+        self.samples, self.length = samples, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        return self.samples[index % len(self.samples)]
+
+
+class AsyncReplay(Replay):
+    """:class:`Replay` for a dataset whose ``__getitem__`` is ``async def``."""
+
+    async def __getitem__(self, index: int) -> Any:
+        return self.samples[index % len(self.samples)]
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """Seconds per batch of each pass of :func:`stalls`, and what they say."""
+
+    consumer: float  # the step alone, on one batch over and over
+    in_memory: float  # the loader over samples already in memory: transform and collate
+    cold: float  # the loader reading: fetch too
+
+    @property
+    def prep_stall(self) -> float:
+        """Share of the cold step spent waiting on preprocessing (transform, collate)."""
+        return max(0.0, self.in_memory - self.consumer) / self.cold if self.cold else 0.0
+
+    @property
+    def fetch_stall(self) -> float:
+        """Share of the cold step spent waiting on the fetch (``__getitem__``: storage)."""
+        return (
+            max(0.0, self.cold - max(self.in_memory, self.consumer)) / self.cold
+            if self.cold
+            else 0.0
+        )
+
+    def verdict(self) -> str:
+        fetch, prep = self.fetch_stall, self.prep_stall
+        if max(fetch, prep) < 0.10:
+            return "neither: the step sets the pace (the loader keeps up)"
+        return "fetch-bound" if fetch >= prep else "CPU-bound (preprocessing)"
+
+    def render(self) -> str:
+        return (
+            f"per batch: consumer alone {self.consumer * 1e3:.3g} ms, data in memory "
+            f"{self.in_memory * 1e3:.3g} ms, reading cold {self.cold * 1e3:.3g} ms\n"
+            f"fetch stall {self.fetch_stall:.0%} of the step, preprocessing stall "
+            f"{self.prep_stall:.0%}: {self.verdict()}"
+        )
+
+
+def stalls(factory: Callable[[], Any], batches: int, step_s: float) -> Stalls:
+    """The Data Stalls paper's three passes (DS-Analyzer, VLDB 2021) over ``batches``
+    batches of the loaders ``factory`` makes: the consumer alone on one batch; the loader
+    over the first samples held in memory (``__getitem__`` not called: what is left is
+    transform, collate and the hand-over); and the loader reading cold. A map-style
+    dataset's ``__getitem__`` counts as fetch, ``transform`` and ``collate`` as preprocessing.
+
+    Raises:
+        TypeError: The loader's dataset is not map-style.
+    """
+    cold_loader = factory()
+    dataset = cold_loader.dataset
+    if not hasattr(type(dataset), "__getitem__") or not hasattr(dataset, "__len__"):
+        raise TypeError("--stalls needs a map-style dataset (__getitem__ and __len__)")
+    cold, first = _timed(cold_loader, batches, step_s)
+    began = time.perf_counter()
+    for _ in range(batches):
+        _step(first, step_s)
+    consumer = (time.perf_counter() - began) / batches
+    size = min(len(dataset), 4096, batches * max(1, cold_loader.batch_size or 1))
+    samples = _preload(dataset, size)
+    replay = Replay if not inspect.iscoroutinefunction(type(dataset).__getitem__) else AsyncReplay
+    memory_loader = factory()
+    # The same loader, its dataset swapped before its first epoch for one of the same kind.
+    object.__setattr__(memory_loader._options, "dataset", replay(samples, len(dataset)))
+    in_memory, _ = _timed(memory_loader, batches, step_s)
+    return Stalls(consumer, in_memory, cold)
+
+
+def _preload(dataset: Any, size: int) -> list[Any]:
+    """Items ``0 .. size-1`` of ``dataset``; an ``async def __getitem__`` awaited 64 at once."""
+    if not inspect.iscoroutinefunction(type(dataset).__getitem__):
+        return [dataset[i] for i in range(size)]
+
+    async def read() -> list[Any]:
+        room = asyncio.Semaphore(64)
+
+        async def one(i: int) -> Any:
+            async with room:
+                return await dataset[i]
+
+        return list(await asyncio.gather(*(one(i) for i in range(size))))
+
+    return asyncio.run(read())
+
+
+def _step(batch: Any, step_s: float) -> None:
+    if step_s:
+        time.sleep(step_s)
+
+
+def _timed(loader: Any, batches: int, step_s: float) -> tuple[float, Any]:
+    """Seconds per batch over up to ``batches`` batches after the first (start-up apart),
+    and the first batch."""
+    first, taken, began = None, 0, 0.0
+    with loader:
+        for batch in loader:
+            if first is None:
+                first, began = batch, time.perf_counter()
+            else:
+                taken += 1
+            _step(batch, step_s)
+            if taken == batches:
+                break
+    return (time.perf_counter() - began) / max(taken, 1), first
+
+
 def dump_state(loader: AsyncLoader[Any]) -> str:
     """The state of ``loader``'s running epochs, for a report of a hang: per stage what is in
     flight, queued and parked (fetch, engine, reorder buffer, device stage, consumer), the
@@ -99,6 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, default=200, help="batches to take (200)")
     parser.add_argument("--step-ms", type=float, default=0.0, help="simulated step per batch")
     parser.add_argument(
+        "--stalls",
+        action="store_true",
+        help="fetch-bound or CPU-bound? three passes: the consumer alone, the data in memory, "
+        "reading cold",
+    )
+    parser.add_argument(
         "--html",
         help="also write the report as a page there, with a timeline; the run's trace goes "
         "beside it (PATH.trace.json, for https://ui.perfetto.dev)",
@@ -106,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.batches < 1:
         parser.error("--batches must be >= 1")
+    if args.stalls:
+        print(stalls(load_factory(args.factory), args.batches, args.step_ms / 1000).render())
+        return
     loader = load_factory(args.factory)()
     if not isinstance(loader, AsyncLoader):
         parser.error(f"{args.factory} returned a {type(loader).__qualname__}, not an AsyncLoader")

@@ -1,13 +1,15 @@
 """python -m asyncloader.diagnose module:factory: runs a loader alone and prints its report."""
 
+import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from asyncloader import AsyncLoader
-from asyncloader.diagnose import load_factory, main
+from asyncloader.diagnose import load_factory, main, stalls
 from tests.helpers import Waiting
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,3 +51,44 @@ def test_it_runs_as_a_module():
         cwd=root, capture_output=True, text=True, timeout=50, check=True,
     )  # fmt: skip
     assert "bottleneck:" in done.stdout
+
+
+class Slow:
+    """50 ms per sample, awaited."""
+
+    def __len__(self) -> int:
+        return 4000
+
+    async def __getitem__(self, i: int) -> int:
+        await asyncio.sleep(0.05)
+        return i
+
+
+def burn(x: int) -> int:
+    """2 ms of CPU per sample (the GIL held)."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < 0.002:
+        pass
+    return x
+
+
+def fetch_bound() -> AsyncLoader:
+    return AsyncLoader(Slow(), batch_size=16, io_concurrency=8)
+
+
+def cpu_bound() -> AsyncLoader:
+    return AsyncLoader(Slow(), batch_size=16, io_concurrency=256, transform=burn)
+
+
+def test_stalls_tell_a_fetch_bound_loader_from_a_cpu_bound_one(capsys):
+    """DS-Analyzer's three passes: 16 samples of 50 ms at 8 at once wait on storage; the same
+    read 256 at once but 2 ms of transform each wait on preprocessing."""
+    fetching = stalls(fetch_bound, 12, 0.005)
+    assert fetching.verdict() == "fetch-bound" and fetching.fetch_stall > 0.5
+    assert fetching.in_memory < fetching.cold / 3
+    burning = stalls(cpu_bound, 12, 0.005)
+    assert burning.verdict().startswith("CPU-bound") and burning.prep_stall > 0.5
+    main(["tests.test_diagnose:fetch_bound", "--stalls", "--batches", "6"])
+    assert "fetch stall" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="map-style"):
+        stalls(lambda: AsyncLoader(iter(range(10)), batch_size=2), 2, 0.0)
