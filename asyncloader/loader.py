@@ -337,6 +337,20 @@ class AsyncLoader(DataLoaderAttributes, Generic[T_co]):
         tuned = [(at - meter.started, lim, pre, win) for at, lim, pre, win in meter.tuned]
         return PageData(steps, tuned, events)
 
+    def stats_by_rank(self) -> list[LoaderStats]:
+        """:attr:`stats` of every rank, in rank order (their ``wait_p50_ms``, ``wait_p95_ms``
+        and ``wait_p99_ms`` say which rank stalls on data). A collective while
+        ``torch.distributed`` is initialised: every rank calls it, at the same point; else
+        ``[self.stats]``."""
+        stats = self.stats
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return [stats]
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, stats)
+        return gathered
+
     def bottleneck(self) -> Diagnosis:
         """The bottleneck :meth:`report` names: ``.stage``, ``.evidence`` and ``.knob``."""
         return diagnose(self.stats, self._epoch_options)

@@ -83,18 +83,23 @@ def merge(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
     for k, (doc, offset) in enumerate(zip(loaded, offsets, strict=True)):
         rank = doc.get("otherData", {}).get("rank")
         rank = k if rank is None else rank
-        for event in doc["traceEvents"]:
-            event = dict(event, pid=rank * RANK_PIDS + event.get("pid", 0) % RANK_PIDS)
-            if "ts" in event:
-                event["ts"] = event["ts"] + offset - origin
-            if event.get("ph") == "M" and event.get("name") == "process_name":
-                event["args"] = {"name": f"rank {rank}: {event['args']['name']}"}
-            if event.get("ph") == "M" and event.get("name") == "process_sort_index":
-                event["args"] = {"sort_index": event["pid"]}
-            if event.get("ph") in ("s", "f", "b", "e"):  # ids are per process
-                event["id"] = f"{rank}:{event.get('id')}"
-            events.append(event)
+        events += [_rebased(event, rank, offset - origin) for event in doc["traceEvents"]]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _rebased(event: dict[str, Any], rank: int, shift: float) -> dict[str, Any]:
+    """``event`` of rank ``rank``'s trace in the merged one: its process in the rank's range
+    of ids and labelled with the rank, its time shifted by ``shift``, its ids the rank's."""
+    event = dict(event, pid=rank * RANK_PIDS + event.get("pid", 0) % RANK_PIDS)
+    if "ts" in event:
+        event["ts"] += shift
+    if event.get("ph") == "M" and event.get("name") == "process_name":
+        event["args"] = {"name": f"rank {rank}: {event['args']['name']}"}
+    elif event.get("ph") == "M" and event.get("name") == "process_sort_index":
+        event["args"] = {"sort_index": event["pid"]}
+    elif event.get("ph") in ("s", "f", "b", "e"):  # ids are per process group
+        event["id"] = f"{rank}:{event.get('id')}"
+    return event
 
 
 def main(argv: Sequence[str] | None = None) -> int:

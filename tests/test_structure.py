@@ -7,10 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-
-import numpy as np
 
 from asyncloader._base.structure import DESCEND, arrays_of, map_structure, nbytes, tensors_of
 

@@ -34,9 +34,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(ranks: int, *args: str, script: Path = JOB) -> subprocess.CompletedProcess:
-    """Runs ``script`` at ``ranks`` ranks on 127.0.0.1; afterwards no process of it is left."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def torchrun(
+    ranks: int, *args: str, script: Path = JOB, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Runs ``script`` at ``ranks`` ranks on 127.0.0.1 (``env`` added to the environment);
+    afterwards no process of it is left."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     command = [
         sys.executable, "-m", "torch.distributed.run",
@@ -63,6 +66,25 @@ def taken(records: list[dict], kind: str, epoch: int) -> list:
     return out
 
 
+def check_rank_traces_and_waits(traces: Path, stats: Path, merged: Path) -> None:
+    """Every rank wrote its trace (ASYNCLOADER_TRACE), the merge labels each rank's
+    processes, and stats_by_rank gave each rank's wait percentiles."""
+    assert sorted(p.name.split("-")[-2] for p in traces.glob("*.json")) == ["rank0", "rank1"]
+    subprocess.run(
+        [sys.executable, "-m", "asyncloader.trace", "merge", str(traces), "-o", str(merged)],
+        cwd=ROOT, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    events = json.loads(merged.read_text())["traceEvents"]
+    labels = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    for rank in (0, 1):
+        assert {f"rank {rank}: training process", f"rank {rank}: worker 0"} <= labels, labels
+    epochs = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    for epoch in epochs:
+        assert len(epoch["ranks"]) == 2  # [batches, p50, p95, p99] of each rank
+        assert all(r[0] > 2 and 0 <= r[1] <= r[2] <= r[3] for r in epoch["ranks"]), epoch
+
+
 def test_ranks_cover_each_epoch_once_and_resume_at_another_world_size(tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -82,10 +104,13 @@ def test_ranks_cover_each_epoch_once_and_resume_at_another_world_size(tmp_path):
     assert sorted(taken(a, "sharded", 0)) == keys
     assert [r["step"] for r in a if r["epoch"] == 1] == [0, 1]  # killed mid-epoch
 
+    traces, stats = tmp_path / "traces", tmp_path / "stats"
     second = torchrun(
-        2, *common, "--kinds", "map", "--resume", "--epochs", "3", "--record", str(tmp_path / "b")
-    )
+        2, *common, "--kinds", "map", "--resume", "--epochs", "3", "--record", str(tmp_path / "b"),
+        "--stats", str(stats), env={"ASYNCLOADER_TRACE": str(traces)},
+    )  # fmt: skip
     assert second.returncode == 0, second.stdout
+    check_rank_traces_and_waits(traces, stats, tmp_path / "job.json")
     b = steps(tmp_path / "b")
     assert sorted(taken(a, "map", 1) + taken(b, "map", 1)) == list(range(MAP_SAMPLES))
     assert sorted(taken(b, "map", 2)) == list(range(MAP_SAMPLES))

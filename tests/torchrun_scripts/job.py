@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--crash-at", type=int, nargs=2, default=None)
+    parser.add_argument("--stats", type=Path, help="each epoch's wait percentiles per rank")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -94,6 +95,12 @@ def main() -> None:
             if args.crash_at == [epoch, step] and rank == world - 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             step += 1
+        for kind, loader in job.items():
+            per_rank = loader.stats_by_rank()  # a collective: every rank calls it
+            if args.stats is not None and rank == 0:
+                waits = [[s.batches, s.wait_p50_ms, s.wait_p95_ms, s.wait_p99_ms] for s in per_rank]
+                with args.stats.open("a") as out:
+                    out.write(json.dumps({"epoch": epoch, "kind": kind, "ranks": waits}) + "\n")
         epoch += 1
     dist.barrier()
     dist.destroy_process_group()
