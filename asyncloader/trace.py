@@ -73,26 +73,33 @@ def merge(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
     alignment is as good as their wall clocks agree (NTP: about a millisecond).
     """
     loaded = [json.loads(Path(p).read_text()) for p in paths]
-    offsets = [doc.get("otherData", {}).get("wall_minus_clock_us", 0.0) for doc in loaded]
-    stamps = [
-        e["ts"] + off for doc, off in zip(loaded, offsets, strict=True) for e in doc["traceEvents"]
-        if "ts" in e
-    ]  # fmt: skip
-    origin = min(stamps, default=0.0)
+    # Each file's first time on the wall clock; an event's time in the merge is its distance
+    # from its file's first plus that file's distance from the earliest file's (computed so
+    # because wall-clock microseconds are too large for a float to add exactly).
+    firsts = [
+        min((e["ts"] for e in doc["traceEvents"] if "ts" in e), default=0.0) for doc in loaded
+    ]
+    starts = [
+        first + doc.get("otherData", {}).get("wall_minus_clock_us", 0.0)
+        for first, doc in zip(firsts, loaded, strict=True)
+    ]
+    origin = min(starts, default=0.0)
     events: list[dict[str, Any]] = []
-    for k, (doc, offset) in enumerate(zip(loaded, offsets, strict=True)):
+    for k, doc in enumerate(loaded):
         rank = doc.get("otherData", {}).get("rank")
         rank = k if rank is None else rank
-        events += [_rebased(event, rank, offset - origin) for event in doc["traceEvents"]]
+        shift = starts[k] - origin
+        events += [_rebased(e, rank, firsts[k], shift) for e in doc["traceEvents"]]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _rebased(event: dict[str, Any], rank: int, shift: float) -> dict[str, Any]:
+def _rebased(event: dict[str, Any], rank: int, first: float, shift: float) -> dict[str, Any]:
     """``event`` of rank ``rank``'s trace in the merged one: its process in the rank's range
-    of ids and labelled with the rank, its time shifted by ``shift``, its ids the rank's."""
+    of ids and labelled with the rank, its time ``shift`` after its file's ``first``, its ids
+    the rank's."""
     event = dict(event, pid=rank * RANK_PIDS + event.get("pid", 0) % RANK_PIDS)
     if "ts" in event:
-        event["ts"] += shift
+        event["ts"] = (event["ts"] - first) + shift
     if event.get("ph") == "M" and event.get("name") == "process_name":
         event["args"] = {"name": f"rank {rank}: {event['args']['name']}"}
     elif event.get("ph") == "M" and event.get("name") == "process_sort_index":

@@ -12,8 +12,13 @@ clock for every process of a machine, so a worker's events line up with the trai
 process's without adjustment.
 
 In a worker process the recorder is started by the first request that asks for it
-(:func:`traced_answer`); the events recorded since the last answer go back with the next
-answer as a :class:`Traced`, which the training process unwraps (:func:`absorb`).
+(:func:`worker_recording`); the events recorded since the last answer go back with the next
+answer as a :class:`Traced` (:func:`with_events`), which the training process unwraps
+(:func:`absorb`).
+
+Threads: events are appended from any thread (``deque.append`` is atomic); a trace is read
+from copies (``deque.copy``, ``dict.copy``: one C call each under the GIL), so loaders still
+running while it is written or drawn do not disturb it.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ class Recorder:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity!r}")
         self.events: deque[Event] = deque(maxlen=capacity)
-        self.recorded = 0  # every event ever added: recorded - len(events) were dropped
+        self.recorded = 0  # events ever added (about: threads add unlocked); the rest dropped
         self.pid = os.getpid()
         self.processes: dict[int, str] = {self.pid: process_name}
         self.threads: dict[tuple[int, int], str] = {}
@@ -99,16 +104,17 @@ class Recorder:
     def trace_events(self) -> list[dict[str, Any]]:
         """Every event kept, as trace-event dicts, names first."""
         out: list[dict[str, Any]] = []
-        for pid, name in sorted(self.processes.items()):
+        events, threads = self.events.copy(), self.threads.copy()
+        for pid, name in sorted(self.processes.copy().items()):
             out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
             out.append(
                 {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}}
             )
-        for (pid, tid), name in sorted(self.threads.items()):
+        for (pid, tid), name in sorted(threads.items()):
             out.append(
                 {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
             )
-        out.extend(_as_dict(event) for event in self.events)
+        out.extend(_as_dict(event) for event in events)
         return out
 
 
@@ -284,7 +290,7 @@ def write(recorder: Recorder, path: str | os.PathLike[str]) -> None:
             "clock": "monotonic, microseconds",
             "wall_minus_clock_us": wall - mono,  # aligns traces of several machines
             "recorded": recorder.recorded,
-            "dropped": recorder.recorded - len(recorder.events),
+            "dropped": max(0, recorder.recorded - len(recorder.events)),
         },
     }
     target = Path(path)

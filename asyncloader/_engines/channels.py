@@ -204,7 +204,7 @@ class Channels(Requests):
         except (EOFError, OSError):
             return False
         try:
-            result = ForkingPickler.loads(payload)
+            result = tracing.absorb(ForkingPickler.loads(payload))  # a worker's events
             error = None
         except Exception as exc:
             result, error = None, exc

@@ -91,12 +91,12 @@ async def worker_stream_batches(
             elif workers[w]["ended"]:
                 w = (w + 1) % n
                 continue
-            answer = _checked(tracing.absorb(await ahead[w].popleft()), w)
+            answer = _checked(await ahead[w].popleft(), w)
             if isinstance(answer, Ended):
                 _ended(workers[w], ahead[w], answer)
                 continue
             indices, result, state = answer
-            tracing.alias(seq, workers[w]["delivered"] * n + w)
+            tracing.alias(seq, workers[w]["delivered"] * n + w)  # the arrow of its batch
             workers[w]["delivered"] += 1
             workers[w]["state"] = state
             ask(w)
