@@ -12,7 +12,8 @@ Cases per workload: ``before`` (the package as of ``--before REV``, checked out 
 worktree: no hooks at all), ``off`` (this tree, no trace active) and ``on`` (this tree, the
 epoch inside ``asyncloader.trace``). The rate is the epoch's; writing the trace file at the
 block's end is timed apart (``write_s``), a cost paid once per trace. Each run is a fresh
-process; the cases alternate within a round; medians of ``--reps`` rounds, and per-round ratios against ``before`` and ``off``.
+process; the cases alternate within a round; medians of ``--reps`` rounds, and per-round
+ratios against ``before`` and ``off``.
 
 ``python -m benchmarks.probes.trace_overhead [--reps 5] [--before REV] [--save [SECTION]]
 [--toy]``; ``--toy``: one round of ``off`` and ``on``, to check that the probe still runs.
