@@ -192,8 +192,8 @@ def _timeline(events: Sequence[dict[str, Any]]) -> str:
         )
     note = (
         f"<p class='note'>The last {len(slices)} slices, {(end - start) / 1e6:.3g} s; red: "
-        "the consumer's waits; blue: fetch; green: collate; purple: hand-off; grey: a "
-        "batch's round trip through the engine.</p>"
+        "the consumer's waits; blue: fetch; orange: transform; green: collate; purple: hand-off; "
+        "grey: a batch's round trip through the engine.</p>"
     )
     return _svg(len(lanes) * row, "".join(parts)) + note
 
