@@ -31,10 +31,17 @@ def shm_files() -> set[str]:
     """/dev/shm entries of this process: those it maps, and torch segments named after it.
 
     /dev/shm is shared by every process on the machine, so a plain listing would also see
-    other test runs' files.
+    other test runs' files. multiprocessing's own semaphores (``sem.*``) and heap arenas
+    (``pym-*``), made once a process first starts a pool and kept for its life, are left out:
+    a test run first in its process would otherwise see them appear.
     """
     with open("/proc/self/maps") as maps:
-        mapped = {line.split()[-1] for line in maps if "/dev/shm/" in line}
+        mapped = {
+            line.split()[5]
+            for line in maps
+            if "/dev/shm/" in line
+            and not line.split()[5].startswith(("/dev/shm/sem.", "/dev/shm/pym-"))
+        }
     named = {
         f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(f"torch_{os.getpid()}_")
     }
@@ -42,9 +49,11 @@ def shm_files() -> set[str]:
 
 
 def shm_mappings() -> int:
-    """Shared-memory segments mapped into this process by torch."""
+    """Shared-memory segments mapped into this process by torch (``torch_<pid>_...``; not
+    libtorch_*.so, whose mappings the loader splits and merges as it changes their pages'
+    protection)."""
     with open("/proc/self/maps") as maps:
-        return sum("torch_" in line for line in maps)
+        return sum("torch_" in line and ".so" not in line for line in maps)
 
 
 @dataclass
