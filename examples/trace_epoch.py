@@ -2,7 +2,7 @@
 
 ::
 
-    python examples/trace_epoch.py [--out traces] [--screenshot]
+    python examples/trace_epoch.py [--out traces] [--samples 1536] [--screenshot]
 
 Two loaders over the same samples (an async dataset: 5 to 20 ms per sample, as a remote
 store answers), with a 10 ms training step:
@@ -29,14 +29,17 @@ import torch
 import asyncloader
 from asyncloader import AsyncLoader
 
-SAMPLES, BATCH, STEP_S = 1536, 32, 0.010
+BATCH, STEP_S = 32, 0.010
 
 
 class Remote:
-    """An async map-style dataset: sample ``i`` after 5 to 20 ms."""
+    """An async map-style dataset of ``n`` samples: sample ``i`` after 5 to 20 ms."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
 
     def __len__(self) -> int:
-        return SAMPLES
+        return self.n
 
     async def __getitem__(self, i: int) -> torch.Tensor:
         await asyncio.sleep(0.005 + 0.015 * ((i * 7919) % 100) / 100)
@@ -51,11 +54,11 @@ def decode(sample: torch.Tensor) -> torch.Tensor:
     return sample
 
 
-def loaders() -> dict[str, AsyncLoader]:
+def loaders(n: int) -> dict[str, AsyncLoader]:
     return {
-        "fetch-bound": AsyncLoader(Remote(), batch_size=BATCH, io_concurrency=8, num_workers=2),
+        "fetch-bound": AsyncLoader(Remote(n), batch_size=BATCH, io_concurrency=8, num_workers=2),
         "cpu-bound": AsyncLoader(
-            Remote(), batch_size=BATCH, io_concurrency=256, num_workers=2, transform=decode
+            Remote(n), batch_size=BATCH, io_concurrency=256, num_workers=2, transform=decode
         ),
     }
 
@@ -76,10 +79,11 @@ def screenshot(page: Path, png: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("traces"))
+    parser.add_argument("--samples", type=int, default=1536)
     parser.add_argument("--screenshot", action="store_true")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, loader in loaders().items():
+    for name, loader in loaders(args.samples).items():
         with asyncloader.trace(args.out / f"{name}.json"), loader:
             for _ in loader:
                 time.sleep(STEP_S)  # the training step

@@ -66,3 +66,17 @@ def test_pretrain_text_resumes_mid_epoch_from_its_checkpoint(tmp_path, seaweed):
     assert "resumed at epoch 1 step 30" in second.stdout
     ends = re.findall(r"^epoch 2: step (\d+);", second.stdout, re.MULTILINE)
     assert len(ends) == 1 and int(ends[0]) > 30, second.stdout
+
+
+def test_trace_epoch_names_each_bottleneck_and_writes_its_trace_and_page(tmp_path):
+    """The tracing example as a user runs it: the fetch-bound loader is named storage, the
+    CPU-bound one cpu, and each leaves a trace and a page."""
+    command = [sys.executable, str(EXAMPLES / "trace_epoch.py"), "--out", str(tmp_path)]
+    done = run_job([*command, "--samples", "384"], dict(os.environ), tmp_path,
+                   timeout=RUN_S, grace=GRACE_S)  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    assert "fetch-bound: bottleneck: storage" in done.stdout, done.stdout
+    assert "cpu-bound: bottleneck: cpu" in done.stdout, done.stdout
+    for name in ("fetch-bound", "cpu-bound"):
+        assert (tmp_path / f"{name}.json").stat().st_size > 0
+        assert "training process: MainThread" in (tmp_path / f"{name}.html").read_text()
