@@ -119,6 +119,7 @@ def big(x):
 
 def test_a_200_mb_batch_arrives_intact_and_its_memory_is_released():
     """200 MB batches cross intact; /dev/shm and this process's mappings return to baseline."""
+    gc.collect()  # the baseline without earlier tests' garbage (their loaders' last batches)
     files, maps = shm_files(), shm_mappings()
     loader = AsyncLoader(SyncSource(3), batch_size=1, num_workers=2, transform=big, prefetch=1)
     batches = list(loader)
