@@ -53,14 +53,18 @@ def test_it_runs_as_a_module():
     assert "bottleneck:" in done.stdout
 
 
+#: The simulated storage's latency per sample.
+STORAGE_LATENCY_S = 0.05
+
+
 class Slow:
-    """50 ms per sample, awaited."""
+    """50 ms per sample, awaited (a simulated store, not a wait standing in for an event)."""
 
     def __len__(self) -> int:
         return 4000
 
     async def __getitem__(self, i: int) -> int:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(STORAGE_LATENCY_S)
         return i
 
 
