@@ -107,7 +107,7 @@ class AsyncReplay(Replay):
 class Stalls:
     """Seconds per batch of each pass of :func:`stalls`, and what they say."""
 
-    consumer: float  # the step alone, on one batch over and over
+    consumer: float  # the step alone (``--step-ms``), no loader
     in_memory: float  # the loader over samples already in memory: transform and collate
     cold: float  # the loader reading: fetch too
 
@@ -142,7 +142,7 @@ class Stalls:
 
 def stalls(factory: Callable[[], Any], batches: int, step_s: float) -> Stalls:
     """The Data Stalls paper's three passes (DS-Analyzer, VLDB 2021) over ``batches``
-    batches of the loaders ``factory`` makes: the consumer alone on one batch; the loader
+    batches of the loaders ``factory`` makes: the consumer's step alone; the loader
     over the first samples held in memory (``__getitem__`` not called: what is left is
     transform, collate and the hand-over); and the loader reading cold. A map-style
     dataset's ``__getitem__`` counts as fetch, ``transform`` and ``collate`` as preprocessing.
@@ -154,10 +154,10 @@ def stalls(factory: Callable[[], Any], batches: int, step_s: float) -> Stalls:
     dataset = cold_loader.dataset
     if not hasattr(type(dataset), "__getitem__") or not hasattr(dataset, "__len__"):
         raise TypeError("--stalls needs a map-style dataset (__getitem__ and __len__)")
-    cold, first = _timed(cold_loader, batches, step_s)
+    cold = _timed(cold_loader, batches, step_s)
     began = time.perf_counter()
     for _ in range(batches):
-        _step(first, step_s)
+        _step(step_s)
     consumer = (time.perf_counter() - began) / batches
     size = min(len(dataset), 4096, batches * max(1, cold_loader.batch_size or 1))
     samples = _preload(dataset, size)
@@ -165,7 +165,7 @@ def stalls(factory: Callable[[], Any], batches: int, step_s: float) -> Stalls:
     memory_loader = factory()
     # The same loader, its dataset swapped before its first epoch for one of the same kind.
     object.__setattr__(memory_loader._options, "dataset", replay(samples, len(dataset)))
-    in_memory, _ = _timed(memory_loader, batches, step_s)
+    in_memory = _timed(memory_loader, batches, step_s)
     return Stalls(consumer, in_memory, cold)
 
 
@@ -186,25 +186,24 @@ def _preload(dataset: Any, size: int) -> list[Any]:
     return asyncio.run(read())
 
 
-def _step(batch: Any, step_s: float) -> None:
+def _step(step_s: float) -> None:
+    """The simulated training step."""
     if step_s:
         time.sleep(step_s)
 
 
-def _timed(loader: Any, batches: int, step_s: float) -> tuple[float, Any]:
-    """Seconds per batch over up to ``batches`` batches after the first (start-up apart),
-    and the first batch."""
-    first, taken, began = None, 0, 0.0
+def _timed(loader: Any, batches: int, step_s: float) -> float:
+    """Seconds per batch over up to ``batches`` batches after the first (start-up apart)."""
+    taken, began = -1, 0.0
     with loader:
-        for batch in loader:
-            if first is None:
-                first, began = batch, time.perf_counter()
-            else:
-                taken += 1
-            _step(batch, step_s)
+        for _ in loader:
+            taken += 1
+            if not taken:
+                began = time.perf_counter()
+            _step(step_s)
             if taken == batches:
                 break
-    return (time.perf_counter() - began) / max(taken, 1), first
+    return (time.perf_counter() - began) / max(taken, 1)
 
 
 def dump_state(loader: AsyncLoader[Any]) -> str:

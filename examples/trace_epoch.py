@@ -63,12 +63,18 @@ def loaders(n: int) -> dict[str, AsyncLoader]:
     }
 
 
+def chromium() -> str | None:
+    """Debian's Chromium, where installed."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
 def screenshot(page: Path, png: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+    """``page`` rendered to ``png`` by headless Chromium (1040 pixels wide)."""
+    chromium_path = chromium()
+    if chromium_path is None:
         raise SystemExit("--screenshot needs chromium (apt-get install chromium)")
     subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+        [chromium_path, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
          "--no-first-run", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", f"--user-data-dir={png.parent / '.chromium'}",
          "--window-size=1040,1300", f"--screenshot={png}", page.resolve().as_uri()],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import torch
 import asyncloader
 from asyncloader import AsyncLoader
 from asyncloader.diagnose import main
+from examples.trace_epoch import chromium, screenshot
 
 pytestmark = pytest.mark.timeout(120)
 RED = "#d62728"
@@ -86,10 +86,6 @@ def test_without_a_trace_the_page_says_how_to_get_a_timeline(tmp_path):
     assert "bottleneck: unknown" in (tmp_path / "before.html").read_text()
 
 
-def chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 @pytest.mark.skipif(chromium() is None, reason="needs Debian's chromium (.ci/run installs it)")
 def test_headless_chromium_draws_the_page(tmp_path):
     """A real browser renders it: the screenshot holds the red of the waits and the colours
@@ -99,13 +95,7 @@ def test_headless_chromium_draws_the_page(tmp_path):
     page = tmp_path / "report.html"
     epoch(page, traced=True)
     shot = tmp_path / "page.png"
-    subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1040,1400",
-         f"--screenshot={shot}", page.as_uri()],
-        check=True, capture_output=True, timeout=90,
-    )  # fmt: skip
+    screenshot(page, shot)
     colours = {rgb for _, rgb in Image.open(shot).convert("RGB").getcolors(1 << 20)}
     for hexa in (RED, "#2ca02c", "#1f77b4"):  # waits, collate, fetch
         assert tuple(int(hexa[i : i + 2], 16) for i in (1, 3, 5)) in colours, hexa

@@ -160,7 +160,7 @@ def test_a_worker_stops_recording_when_the_trace_ends():
     """A worker's recorder lives while requests ask for it; answers carry its events."""
     tracing.worker_recording(True, lambda: "worker 7")
     try:
-        with tracing.span("collate 1"):
+        with tracing.span("collate", 1):
             pass
         answer = tracing.with_events("batch")
         assert isinstance(answer, tracing.Traced) and answer.result == "batch"

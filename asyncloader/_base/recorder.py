@@ -146,12 +146,17 @@ def _timed(recorder: Recorder, name: str, cat: str, args: Any) -> Iterator[None]
 _OFF = contextlib.nullcontext()
 
 
-def span(name: str, cat: str = "stage", args: Any = None) -> contextlib.AbstractContextManager[Any]:
-    """A slice on the calling thread around the ``with`` block, while a trace is active."""
+def span(
+    name: str, seq: int | None = None, samples: int | None = None
+) -> contextlib.AbstractContextManager[Any]:
+    """A slice on the calling thread around the ``with`` block, named ``"<name> <seq>"``
+    (batch ``seq``, of ``samples`` samples), while a trace is active; the name is made only
+    then."""
     recorder = ACTIVE
     if recorder is None:
         return _OFF
-    return _timed(recorder, name, cat, args)
+    args = None if samples is None else {"samples": samples}
+    return _timed(recorder, name if seq is None else f"{name} {seq}", "stage", args)
 
 
 def instant(name: str, cat: str, args: Any = None) -> None:
@@ -168,17 +173,20 @@ def counter(name: str, values: Mapping[str, float]) -> None:
         recorder.add("C", name, "counter", now_us(), args=values)
 
 
-def begin(name: str, cat: str, ident: int, args: Any = None) -> None:
-    """The start of an async slice ``ident`` (one that overlaps others on its thread)."""
+def begin(cat: str, name: str, seq: int, samples: int | None = None) -> None:
+    """The start of batch ``seq``'s async slice ``"<name> <seq>"`` in the track ``cat`` (a
+    slice that overlaps others on its thread)."""
     recorder = ACTIVE
     if recorder is not None:
-        recorder.add("b", name, cat, now_us(), id=ident, args=args)
+        args = None if samples is None else {"samples": samples}
+        recorder.add("b", f"{name} {seq}", cat, now_us(), id=seq, args=args)
 
 
-def end(name: str, cat: str, ident: int) -> None:
+def end(cat: str, name: str, seq: int) -> None:
+    """The end of the slice :func:`begin` started."""
     recorder = ACTIVE
     if recorder is not None:
-        recorder.add("e", name, cat, now_us(), id=ident)
+        recorder.add("e", f"{name} {seq}", cat, now_us(), id=seq)
 
 
 def flow(ph: str, ident: int) -> None:

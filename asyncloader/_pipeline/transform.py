@@ -120,7 +120,7 @@ class Transformer:
         async with self._room:
             meter = self._meter
             began = now() if meter is not None else 0.0
-            tracing.begin(f"batch {seq}", "engine", seq)
+            tracing.begin("engine", "batch", seq)
             try:  # submit() itself raises once the pool is broken
                 future = self.engine.submit(seq, indices, samples, self._seeds)
                 return self.received(await _answer(future, seq))
@@ -128,7 +128,7 @@ class Transformer:
                 tracing.instant("worker crashed", "failure", {"batch": seq, "error": str(exc)})
                 raise await self.crashed(exc) from exc
             finally:
-                tracing.end(f"batch {seq}", "engine", seq)
+                tracing.end("engine", "batch", seq)
                 if meter is not None:
                     meter.engine.add(now() - began)
 

@@ -314,11 +314,11 @@ async def fetch_then_run(
     result: Any = samples
     fetched: Trimmed | None = None  # the samples fetch left out (on_error="skip")
     if samples is None and fetcher is not None:
-        tracing.begin(f"fetch {seq}", "fetch", seq, {"samples": len(indices)})
+        tracing.begin("fetch", "fetch", seq, len(indices))
         try:
             result = await fetcher.fetch(seq, indices)
         finally:
-            tracing.end(f"fetch {seq}", "fetch", seq)
+            tracing.end("fetch", "fetch", seq)
         if type(result) is Trimmed:
             fetched, indices, result = result, result.indices, result.batch
     if fetched is not None and fetched.empty:

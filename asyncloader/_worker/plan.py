@@ -218,13 +218,13 @@ def _run(
         if batch is not _NOT_COLUMNS:
             return batch
     if samples is None:
-        with tracing.span(f"fetch {seq}", args={"samples": len(indices)}):
+        with tracing.span("fetch", seq, len(indices)):
             fetched = _fetch(plan, seq, indices, epoch_seed, skips)
         if isinstance(fetched, Failure):
             return fetched
         keys, samples = fetched
     if plan.transform is not None:
-        with tracing.span(f"transform {seq}"):
+        with tracing.span("transform", seq):
             done = _each(
                 "transform", plan.transform, seq, indices, keys, samples, epoch_seed, skips
             )
@@ -236,7 +236,7 @@ def _run(
     stage = "collate"
     try:
         collate = worker_collate(plan.collate)
-        with tracing.span(f"collate {seq}"):
+        with tracing.span("collate", seq):
             batch = call_seeded(
                 epoch_seed, -1 - seq, collate, samples if plan.batched else samples[0]
             )
@@ -275,7 +275,7 @@ def _collate_block(plan: BatchPlan, seq: int, indices: Sequence[Any], block: Row
 
 def _left(batch: Any, seq: int) -> Any:
     """:func:`leave_worker`, as the slice where batch ``seq``'s arrow to its delivery starts."""
-    with tracing.span(f"share {seq}"):
+    with tracing.span("share", seq):
         tracing.flow("s", seq)
         return leave_worker(batch)
 
@@ -284,7 +284,7 @@ def _made_here(make: Callable[[], Any], stage: str, seq: int, indices: Sequence[
     """``make()``'s batch ready to leave the process; ``_NOT_COLUMNS`` where it made none
     (``None``); or the :class:`Failure` of ``stage`` (or of ``"share"``)."""
     try:
-        with tracing.span(f"{stage} {seq}"):
+        with tracing.span(stage, seq):
             batch = make()
         if batch is None:
             return _NOT_COLUMNS
