@@ -524,6 +524,29 @@ def test_actors_on_this_machine_answer_over_sockets_not_through_ray(monkeypatch)
     assert all_cpus_free()
 
 
+def test_a_trace_names_the_actors_and_holds_their_work(tmp_path):
+    """Actors on this machine record into the trace like worker processes, as "Ray actor N",
+    on the machine's clock; the consumer's waits count per actor."""
+    import json
+
+    import asyncloader
+
+    path = tmp_path / "ray.json"
+    with asyncloader.trace(path):
+        made = AsyncLoader(AsyncSource(64), batch_size=4, engine=RayEngine(2))
+        assert indices_of(made) == list(range(64))
+    trace = json.loads(path.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    assert sorted(names.values()) == ["Ray actor 0", "Ray actor 1", "training process"]
+    collated = [e for e in trace if e["ph"] == "X" and e["name"].startswith("collate ")]
+    assert sorted(int(e["name"].split()[1]) for e in collated) == list(range(16))
+    assert {e["pid"] for e in collated} <= {p for p, n in names.items() if n.startswith("Ray")}
+    assert collections.Counter(e["id"] for e in trace if e["ph"] == "f") == collections.Counter(
+        range(16)
+    )
+    assert sorted(made.stats.wait_by_worker) == [0, 1]
+
+
 def test_actors_that_cannot_reach_the_socket_answer_through_ray(monkeypatch):
     """Actors on another node (here: a training process that says it is on one) answer
     through Ray's calls, every batch once."""

@@ -124,6 +124,57 @@ def test_the_consumers_waits_have_percentiles(monkeypatch):
     assert [round(meter.waits.quantile(q) * 1e3) for q in (0.5, 0.95, 0.99)] == [51, 96, 100]
 
 
+def test_each_wait_counts_for_the_worker_that_made_the_batch(monkeypatch):
+    """A wait is the worker's whose batch the consumer waited for; batches of no named worker
+    (made on the loop) count only in the whole."""
+    from asyncloader._tuning import meter as meter_module
+
+    times = iter([0.0, 1.0] + [t for k in range(1, 7) for t in (10.0 * k, 10.0 * k + k / 1e3)])
+    monkeypatch.setattr(meter_module, "now", lambda: next(times))
+    meter = meter_module.EpochMeter()
+    for seq, worker in enumerate([0, 1, 0, 1, 0, None]):
+        meter.made_by(seq, worker)
+    meter.received(0.0, 0)  # the first batch: start-up, not a wait
+    for seq in range(1, 7):
+        meter.received(next(times), seq)
+    assert meter.waits.count == 6
+    waits = {w: [round(t * 1e3) for t in d._ring[: d.count]] for w, d in meter.worker_waits.items()}
+    assert waits == {0: [2, 4], 1: [1, 3]}
+
+
+class SlowInOneWorker(torch.utils.data.Dataset):
+    """Worker 1 takes 20 ms a sample, the others none."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> int:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1:
+            time.sleep(0.02)
+        return i
+
+
+class SlowStreamInOneWorker(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        for i in range(info.id, 96, info.num_workers):
+            if info.id == 1:
+                time.sleep(0.02)
+            yield i
+
+
+@pytest.mark.parametrize("dataset", [SlowInOneWorker, SlowStreamInOneWorker])
+def test_the_waits_say_which_worker_holds_the_epoch_back(dataset):
+    loader = run(AsyncLoader(dataset(), batch_size=4, num_workers=2, fetch_in_workers=True))
+    by_worker = loader.stats.wait_by_worker
+    assert sorted(by_worker) == [0, 1], by_worker
+    assert sum(f["batches"] for f in by_worker.values()) == loader.stats.batches - 1
+    assert by_worker[1]["p50_ms"] > 40 > by_worker[0]["p50_ms"], by_worker
+    assert "by worker 0: p50" in loader.report()
+    assert loader.stats.as_dict()["wait_by_worker/1/p95_ms"] == by_worker[1]["p95_ms"]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_each_wait_is_a_range_in_torch_profilers_trace(mode):
     """While torch.profiler records, each wait for a batch is a record_function range named

@@ -15,7 +15,7 @@ from asyncloader._engines.channels import Channels
 from asyncloader._engines.engine import Engine, ExecutorEngine, LoopEngine, WorkerEngine
 from asyncloader._engines.fetching_workers import worker_specs
 from asyncloader._engines.lifetime import WorkerLease, Workers
-from asyncloader._engines.requests import Requests, complete
+from asyncloader._engines.requests import Requests, ToWorker, complete, worker_of
 
 __all__ = [
     "Channels",
@@ -23,9 +23,11 @@ __all__ = [
     "ExecutorEngine",
     "LoopEngine",
     "Requests",
+    "ToWorker",
     "WorkerEngine",
     "WorkerLease",
     "Workers",
     "complete",
+    "worker_of",
     "worker_specs",
 ]

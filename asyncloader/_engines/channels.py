@@ -25,7 +25,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from asyncloader._base import tracing
-from asyncloader._engines.requests import Requests, complete
+from asyncloader._engines.requests import Requests, ToWorker, complete
 from asyncloader._worker import (
     STOP,
     Keyed,
@@ -126,7 +126,7 @@ class Channels(Requests):
         return next(_tokens)
 
     def _request(self, worker: int, request: Request) -> Future[Any]:
-        future: Future[Any] = Future()
+        future: Future[Any] = ToWorker(worker)
         message = Keyed(next(_keys), request, tracing.ACTIVE is not None)  # answered by key
         key = message.key
         with self._lock:

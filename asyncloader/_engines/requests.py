@@ -31,6 +31,20 @@ def complete(future: Future[Any], result: Any, error: BaseException | None = Non
             future.set_exception(error)
 
 
+class ToWorker(Future[Any]):
+    """A request's future that names the worker it went to (``loader.stats`` attributes the
+    consumer's wait for the batch to it)."""
+
+    def __init__(self, worker: int) -> None:
+        super().__init__()
+        self.worker = worker
+
+
+def worker_of(future: Future[Any]) -> int | None:
+    """The worker a request went to, or None when the engine does not say."""
+    return future.worker if isinstance(future, ToWorker) else None
+
+
 class Requests:
     """Turns engine calls into requests for :meth:`_request` to send.
 
@@ -61,5 +75,6 @@ class Requests:
         return self._request(worker, OpenStream(opening))
 
     def _request(self, worker: int, request: Request) -> Future[Any]:
-        """Sends ``request`` to ``worker``; the future completes with its answer."""
+        """Sends ``request`` to ``worker``; the future (a :class:`ToWorker`) completes with
+        its answer."""
         raise NotImplementedError

@@ -82,7 +82,7 @@ class AsyncIterator:
         except BaseException:
             await self.aclose()
             raise
-        self._epoch.meter.received(asked)
+        self._epoch.meter.received(asked, seq)
         self._epoch.release()
         self._epoch.progress.delivered(seq)
         return seq, batch

@@ -76,6 +76,7 @@ def epoch_stats(
         wait_p50_ms=ms(meter.waits.quantile(0.5)),
         wait_p95_ms=ms(meter.waits.quantile(0.95)),
         wait_p99_ms=ms(meter.waits.quantile(0.99)),
+        wait_by_worker=waits_by_worker(meter),
         backpressure=meter.backpressure,
         retries=meter.retries,
         num_workers=options.num_workers,
@@ -83,6 +84,17 @@ def epoch_stats(
         batch_bytes=meter.batch_bytes,
         sources=source_counts(options, progress, first_state),
     )
+
+
+def waits_by_worker(meter: EpochMeter) -> dict[int, dict[str, float]]:
+    """Per worker that made a batch waited for: how many, and the waits' p50, p95, p99."""
+    out = {}
+    for worker, waits in sorted(meter.worker_waits.copy().items()):
+        figures = {"batches": float(waits.count)}
+        for name, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
+            figures[name] = (waits.quantile(q) or 0.0) * 1e3
+        out[worker] = figures
+    return out
 
 
 def source_counts(

@@ -177,7 +177,9 @@ def open_batches(
     made by each worker from its own iteration (``worker_streams``)."""
     if options.worker_streams:  # the engine is then a WorkerEngine (Options sees to it)
         engine = cast(WorkerEngine, transformer.engine)
-        return worker_stream_batches(engine, options, start, progress, transformer.crashed)
+        return worker_stream_batches(
+            engine, options, start, progress, transformer.crashed, transformer.made_by
+        )
     if options.kind.is_map:
         assert start.index_iter is not None
         indices: Iterator[Any] = start.index_iter

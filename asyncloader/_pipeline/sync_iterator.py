@@ -257,7 +257,7 @@ class SyncIterator:
         if kind == _ITEM:
             seq, item = payload
             tracing.waited(began, seq)
-            self._epoch.meter.received(asked)
+            self._epoch.meter.received(asked, seq)
             self._epoch.progress.delivered(seq)
             with contextlib.suppress(RuntimeError):
                 self._pump.loop.call_soon_threadsafe(self._epoch.release)

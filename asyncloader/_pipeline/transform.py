@@ -24,7 +24,7 @@ from typing import Any
 from torch.utils.data import default_collate, default_convert
 
 from asyncloader._base import Samples, Seeds, Trimmed, Window, nbytes, run_in_thread, tracing
-from asyncloader._engines import Engine, LoopEngine
+from asyncloader._engines import Engine, LoopEngine, worker_of
 from asyncloader._tuning import EpochMeter, now
 from asyncloader._worker import BatchPlan, Pooled, Returns, collate_small, from_shared, run_batch
 from asyncloader.errors import AsyncLoaderError, WorkerCrashedError
@@ -123,6 +123,7 @@ class Transformer:
             tracing.begin("engine", "batch", seq)
             try:  # submit() itself raises once the pool is broken
                 future = self.engine.submit(seq, indices, samples, self._seeds)
+                self.made_by(seq, worker_of(future))
                 return self.received(await _answer(future, seq))
             except BrokenProcessPool as exc:
                 tracing.instant("worker crashed", "failure", {"batch": seq, "error": str(exc)})
@@ -148,6 +149,11 @@ class Transformer:
             finally:
                 if meter is not None:
                     meter.engine.add(now() - began)
+
+    def made_by(self, seq: int, worker: int | None) -> None:
+        """Batch ``seq`` is made by ``worker``: the consumer's wait for it counts as its."""
+        if self._meter is not None:
+            self._meter.made_by(seq, worker)
 
     def received(self, result: Any) -> Any:
         """A batch as the engine returned it, unpacked in this process."""

@@ -46,6 +46,7 @@ async def worker_stream_batches(
     start: EpochStart,
     progress: Progress,
     crashed: Callable[[BaseException], Awaitable[BaseException]],
+    made_by: Callable[[int, int], None],
 ) -> AsyncGenerator[Batch, None]:
     """The epoch's batches, made by the workers' own iterations, round robin.
 
@@ -61,6 +62,7 @@ async def worker_stream_batches(
         start: The epoch's start; its ``source_state`` holds the merge state to continue.
         progress: Told the merge state before each batch (what ``state_dict()`` saves).
         crashed: The error to raise for a worker that died (it names the worker and how).
+        made_by: Told which worker made each batch (``loader.stats``' waits per worker).
     """
     n = engine.num_workers
     saved = start.source_state[1] if start.source_state is not None else fresh_state(n)
@@ -97,6 +99,7 @@ async def worker_stream_batches(
                 continue
             indices, result, state = answer
             tracing.alias(seq, workers[w]["delivered"] * n + w)  # the arrow of its batch
+            made_by(seq, w)
             workers[w]["delivered"] += 1
             workers[w]["state"] = state
             ask(w)

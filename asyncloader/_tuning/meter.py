@@ -14,7 +14,8 @@ Stages and what is measured (all in the training process):
 - waiting: batches done and not yet taken by the consumer (reorder buffer and device stage);
 - device: each batch's pin, copy and ``device_transform``;
 - consumer: the time it waited inside ``next()`` (stall; each wait kept for its
-  percentiles) and spent between batches (its own step), and the time the loader's
+  percentiles, also per worker: the one that made the batch waited for) and spent between
+  batches (its own step), and the time the loader's
   admission waited for a slot that a batch ready for the consumer held (backpressure);
 - tuning: the last :data:`TUNED_KEPT` moves of the ``"auto"`` settings (the io limit,
   ``prefetch``) and the window they gave, for the stall dump (a few an epoch, not per event).
@@ -105,6 +106,10 @@ class EpochMeter:
         self.first_batch: float | None = None
         self.stall = 0.0
         self.waits = Durations(every=1)  # each wait for a batch after the first
+        #: Per worker, the waits for the batches it made (after the first batch).
+        self.worker_waits: dict[int, Durations] = {}
+        # seq -> the worker making it: written on the loop's thread, popped on the consumer's
+        self._makers: dict[int, int] = {}
         #: The last batches' (the consumer's step before asking, its wait), in seconds.
         self.steps: deque[tuple[float, float]] = deque(maxlen=RESERVOIR)
         self.busy = 0.0
@@ -136,16 +141,26 @@ class EpochMeter:
     def elapsed(self) -> float:
         return (self.ended or now()) - self.started
 
-    def received(self, started: float) -> None:
-        """The consumer got a batch after waiting since ``started`` (its ``next()`` call).
-        The first batch's wait (start-up: workers, connections) is kept apart."""
+    def made_by(self, seq: int, worker: int | None) -> None:
+        """Batch ``seq`` is being made by ``worker`` (None: the engine does not say)."""
+        if worker is not None:
+            self._makers[seq] = worker
+
+    def received(self, started: float, seq: int = -1) -> None:
+        """The consumer got batch ``seq`` after waiting since ``started`` (its ``next()``
+        call). The first batch's wait (start-up: workers, connections) is kept apart."""
         got = now()
+        worker = self._makers.pop(seq, None)
         if self.first_batch is None:
             self.first_batch = got - self.started
             self.steady = (got, self.fetch.total, self.engine.total)
         else:
             self.stall += got - started
             self.waits.add(got - started)
+            if worker is not None:
+                if worker not in self.worker_waits:
+                    self.worker_waits[worker] = Durations(every=1)
+                self.worker_waits[worker].add(got - started)
             self.busy += started - self._handed
             self.steps.append((started - self._handed, got - started))
         self._handed = got

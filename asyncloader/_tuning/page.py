@@ -92,6 +92,9 @@ def _figures(stats: LoaderStats) -> str:
             for v in (stats.wait_p50_ms, stats.wait_p95_ms, stats.wait_p99_ms)
         )),
         ("first batch", "-" if stats.first_batch is None else f"{stats.first_batch:.3g} s"),
+    ] + [
+        (f"wait p50 / p95, batches of worker {w}", f"{f['p50_ms']:.3g} / {f['p95_ms']:.3g} ms")
+        for w, f in stats.wait_by_worker.items()
     ]  # fmt: skip
     cells = "".join(f"<tr><td>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
     return f"<table>{cells}</table>"

@@ -112,6 +112,11 @@ def render(stats: LoaderStats, diagnosis: Diagnosis, epoch: int) -> str:
         f"p99 {_ms(stats.wait_p99_ms)}), its step {_ms(stats.consumer_ms)} per batch; "
         f"the loader waited for it {stats.backpressure:.2f} s",
     ]
+    if len(stats.wait_by_worker) > 1:
+        lines.append("  by worker " + "; ".join(
+            f"{w}: p50 {_ms(f['p50_ms'])}, p95 {_ms(f['p95_ms'])}"
+            for w, f in stats.wait_by_worker.items()
+        ))  # fmt: skip
     if stats.fetch_in_flight is not None:
         lines.append(
             f"  fetch     p50 {_ms(stats.fetch_p50_ms)}, p99 {_ms(stats.fetch_p99_ms)}; "

@@ -46,6 +46,10 @@ class LoaderStats:
             their share of the consumer's time (waiting and its own steps).
         wait_p50_ms, wait_p95_ms, wait_p99_ms: The consumer's wait for one batch inside
             ``next()`` (after the first batch; the last 2,048 waits).
+        wait_by_worker: ``{worker: {"batches": n, "p50_ms": .., "p95_ms": .., "p99_ms": ..}}``:
+            those waits split by the worker that made the batch waited for (worker
+            processes or Ray actors; empty without them). A worker whose p95 stands out is
+            held up by its own part of the data or its machine.
         consumer_ms: Mean time the consumer spent between two batches (its own step).
         backpressure: Seconds the loader waited for a slot while a batch was ready and the
             consumer had not taken it.
@@ -87,6 +91,7 @@ class LoaderStats:
     wait_p50_ms: float | None = None
     wait_p95_ms: float | None = None
     wait_p99_ms: float | None = None
+    wait_by_worker: dict[int, dict[str, float]] = field(default_factory=dict)
     backpressure: float = 0.0
     retries: int = 0
     num_workers: int = 0
@@ -96,8 +101,12 @@ class LoaderStats:
 
     def as_dict(self) -> dict[str, Any]:
         """The figures as a flat dict of numbers (``None`` left out, ``sources`` as
-        ``"sources/<name>"``), for a metrics logger."""
+        ``"sources/<name>"``, ``wait_by_worker`` as ``"wait_by_worker/<w>/<figure>"``), for
+        a metrics logger."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
         for name, n in out.pop("sources").items():
             out[f"sources/{name}"] = n
+        for worker, figures in out.pop("wait_by_worker").items():
+            for figure, value in figures.items():
+                out[f"wait_by_worker/{worker}/{figure}"] = value
         return out

@@ -350,7 +350,9 @@ def serve(conn: Any, owner_pid: int, spec: WorkerSpec) -> None:
     serve_on(conn, spec.plan, spec.config, spec.worker_id)
 
 
-def serve_on(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
+def serve_on(
+    conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int, role: str = "worker"
+) -> None:
     """Answers the requests that come over ``conn`` until told to stop, on an event loop of
     its own, in a process set up as a worker already (by :func:`serve`; or a Ray actor of this
     machine, on a thread of its own: :mod:`asyncloader._engines.ray.sockets`).
@@ -358,18 +360,20 @@ def serve_on(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -
     The messages are :mod:`asyncloader._worker.protocol`'s: :class:`Ready` once, then a
     one answer (:func:`~asyncloader._worker.protocol.answer_bytes`) for each :class:`Keyed`
     request, until :data:`STOP`.
-    A closed connection is a stop.
+    A closed connection is a stop. A trace names the process ``f"{role} {worker_id}"``.
     """
     conn.send(Ready(init_failure()))
     loop = new_event_loop()
     try:
-        loop.run_until_complete(_serve(conn, plan, config, worker_id))
+        loop.run_until_complete(_serve(conn, plan, config, worker_id, role))
         loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()
 
 
-async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int) -> None:
+async def _serve(
+    conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: int, role: str
+) -> None:
     """Liveness: each request read gets exactly one answer unless STOP comes first (then
     nobody waits for it): ``answer`` catches what asyncloader's own code raises, and a result
     that does not pickle is answered by its Failure. A closed connection reads as STOP."""
@@ -410,7 +414,7 @@ async def _serve(conn: Any, plan: BatchPlan, config: WorkerConfig, worker_id: in
     try:
         while (message := await inbox.get()) is not STOP:
             assert isinstance(message, Keyed)
-            tracing.worker_recording(message.trace, lambda: f"worker {worker_id}")
+            tracing.worker_recording(message.trace, lambda: f"{role} {worker_id}")
             request = message.request
             core.spawn(
                 answer(message.key, request), name=f"{type(request).__name__}:{batch_of(request)}"

@@ -17,7 +17,7 @@ import numpy as np
 from ray.exceptions import RayActorError
 
 from asyncloader._base import DESCEND, Trimmed, map_structure
-from asyncloader._engines import Requests, complete
+from asyncloader._engines import Requests, ToWorker, complete
 from asyncloader._worker import Request, RunBatch, TensorValue, WithArrays
 
 _tokens = itertools.count()
@@ -108,7 +108,7 @@ class LongPoll(Requests):
     def _request(self, worker: int, request: Request) -> Future[Any]:
         """Queues a request for ``worker``; :meth:`_flush` sends the queue after the caller's
         event loop ends its turn (at once when called off a loop)."""
-        pending = _Request(next(_tokens), request, Future())
+        pending = _Request(next(_tokens), request, ToWorker(worker))
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:

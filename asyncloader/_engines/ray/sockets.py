@@ -132,7 +132,7 @@ def connect_actor(path: str, plan: Any, config: Any, worker_id: int) -> bool:
 
     def serve() -> None:
         try:
-            serve_on(conn, plan, config, worker_id)
+            serve_on(conn, plan, config, worker_id, role="Ray actor")
         finally:  # the training process sees the end, also of a loop that failed
             conn.close()
 
