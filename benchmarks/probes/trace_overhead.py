@@ -15,6 +15,12 @@ block's end is timed apart (``write_s``), a cost paid once per trace. Each run i
 process; the cases alternate within a round; medians of ``--reps`` rounds, and per-round
 ratios against ``before`` and ``off``.
 
+The no-trace cost is a few percent at most at these rates, below what fresh processes on this
+machine resolve, so it is also bounded from its parts (``hooks``, in this process): the hook
+calls an ``overhead`` batch makes (counted over an epoch on the loop and the loader's threads,
+plus the :data:`WORKER_HOOKS` of a batch made in a worker), each hook's time with no trace
+active (``timeit``), and so the hooks' time per batch against the batch's time.
+
 ``python -m benchmarks.probes.trace_overhead [--reps 5] [--before REV] [--save [SECTION]]
 [--toy]``; ``--toy``: one round of ``off`` and ``on``, to check that the probe still runs.
 """
@@ -89,6 +95,73 @@ def one(case: str, before: str) -> dict[str, Any]:
     return result
 
 
+#: Hook calls of a batch made in a worker that a batch made in the training process does not
+#: make: ``worker_recording`` and ``with_events`` in the worker, ``absorb`` twice on return,
+#: and the read of ``ACTIVE`` for the request's trace flag.
+WORKER_HOOKS = {"worker_recording": 1, "with_events": 1, "absorb": 2, "ACTIVE": 1}
+#: How each hook is called in the timing, with no trace active.
+HOOK_CALLS = {
+    "span": "with tracing.span('collate', 3, 64): pass",
+    "instant": "tracing.instant('skip', 'failure', None)",
+    "counter": "tracing.counter('batches', values)",
+    "begin": "tracing.begin('engine', 'batch', 3)",
+    "end": "tracing.end('engine', 'batch', 3)",
+    "flow": "tracing.flow('s', 3)",
+    "stream_flows": "tracing.stream_flows(0, 2)",
+    "alias": "tracing.alias(3, 4)",
+    "absorb": "tracing.absorb(values)",
+    "worker_recording": "tracing.worker_recording(False, str)",
+    "with_events": "tracing.with_events(values)",
+    "clock": "tracing.clock()",
+    "waited": "tracing.waited(0.0, 3)",
+    "ACTIVE": "tracing.ACTIVE is not None",
+}
+
+
+def hook_cost(items: int = 40_000) -> dict[str, Any]:
+    """The hooks' time per ``overhead`` batch with no trace active, from their calls per batch
+    (counted) and each call's time (``timeit``, best of 5)."""
+    import timeit
+
+    from asyncloader._base import tracing
+    from benchmarks.loaders import asyncloader_loader, make_dataset
+    from benchmarks.workloads import WORKLOADS as ALL
+
+    calls = dict.fromkeys(HOOK_CALLS, 0)
+
+    def counted(name: str, hook: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return hook(*args, **kwargs)
+
+        return call
+
+    originals = {name: getattr(tracing, name) for name in HOOK_CALLS if name != "ACTIVE"}
+    for name, hook in originals.items():
+        setattr(tracing, name, counted(name, hook))
+    try:
+        workload = ALL["overhead"]
+        dataset = make_dataset("asyncloader", workload, items, None)
+        batches = 0
+        with asyncloader_loader(workload, dataset, 0) as it:
+            for _ in it:
+                batches += 1
+    finally:
+        for name, hook in originals.items():
+            setattr(tracing, name, hook)
+    per_batch = {name: calls[name] / batches + WORKER_HOOKS.get(name, 0) for name in calls}
+    namespace = {"tracing": tracing, "values": {"ahead": 1}}
+    each_ns = {
+        name: min(timeit.repeat(code, number=100_000, repeat=5, globals=namespace)) * 1e4
+        for name, code in HOOK_CALLS.items()
+    }
+    return {
+        "calls_per_batch": {n: round(c, 2) for n, c in per_batch.items() if c},
+        "ns_per_call": {n: round(t, 1) for n, t in each_ns.items()},
+        "hooks_us_per_batch": sum(per_batch[n] * each_ns[n] for n in HOOK_CALLS) / 1e3,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
@@ -100,6 +173,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one, args.before)))
         return
+    hooks = hook_cost(4_000 if args.toy else 40_000)
     cases = [c for c in CASES if not c.endswith("before")] if args.toy else CASES
     if args.toy:
         args.reps = 1
@@ -120,8 +194,16 @@ def main() -> None:
         row["vs off"] = side_by_side.paired(runs, f"{name} off").get(case)
         table[case] = row
         print(case.ljust(14), json.dumps(row))
+    # the bound: the rate without hooks is at most the batch's time less theirs
+    from benchmarks.workloads import WORKLOADS as ALL
+
+    batch_us = ALL["overhead"].batch * 1e6 / medians["overhead off"]["items_per_s"]
+    hooks["no_trace_bound"] = (batch_us - hooks["hooks_us_per_batch"]) / batch_us
+    print("hooks, no trace", json.dumps(hooks))
     if args.save:
-        side_by_side.save(args.save, {"reps": args.reps, "before": args.before, "cases": table})
+        side_by_side.save(
+            args.save, {"reps": args.reps, "before": args.before, "cases": table, "hooks": hooks}
+        )
 
 
 if __name__ == "__main__":
