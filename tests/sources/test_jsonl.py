@@ -147,6 +147,41 @@ def test_source_state_resumes_exactly(tmp_path, compression, parse):
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("counted", [True, False], ids=["lines_per_file", "uncounted"])
+def test_a_resume_reads_a_plain_file_from_the_mark_before_its_line(
+    http_server, monkeypatch, parse, counted
+):
+    """Marks about every MARK_BYTES of a plain file travel in the state (JSON); a resumed
+    source asks for the file from the last mark before its first line due, not from its
+    start, and yields the same lines. Without lines_per_file the epoch is read from its start
+    (the lines before are not known to lie in earlier files)."""
+    monkeypatch.setattr("asyncloader.sources._columnar.jsonl.MARK_BYTES", 200)
+    files = file_set(None)
+    server = http_server(files)
+    urls = [server.url(n) for n in files]
+    sizes = SIZES if counted else None
+
+    async def run():
+        for k in (1, 40, 70, TOTAL - 1):
+            first = JsonlSource(urls, lines_per_file=sizes, parse=parse)
+            it = aiter(first)
+            seen = [(await anext(it))["id"] for _ in range(k)]
+            state = json.loads(json.dumps(first.state_dict()))
+            await it.aclose()
+            assert state["line_marks"], state
+            server.requests.clear()
+            second = JsonlSource(urls, lines_per_file=sizes, parse=parse)
+            second.load_state_dict(state)
+            assert seen + [r["id"] async for r in second] == list(range(TOTAL)), k
+            starts = [r.range for r in server.requests]
+            if counted and k >= 40:  # past the first file's first mark
+                assert starts[0] not in (None, "bytes=0-"), starts
+            if not counted:
+                assert starts[0] in (None, "bytes=0-"), starts
+
+    asyncio.run(run())
+
+
 def test_ranks_split_the_lines_into_equal_shares(tmp_path, parse):
     """Without lines_per_file, the ranks count the files first."""
     paths = write(tmp_path, file_set("gz"))

@@ -9,7 +9,15 @@ A file streams as it is read and is decompressed as it arrives (``.gz``; ``.zst`
 ``zstandard`` package). Blank lines are not samples. A stream that breaks is resumed: a plain
 file at the byte after its last whole line, a compressed one from its start, decompressing
 past the lines it had already given (a compressed stream has no byte offset to resume at).
-Resuming an epoch skips the lines delivered the same way, reading past them without parsing.
+
+Resuming an epoch from a saved state: a plain file is read from a byte offset at or before
+its first line still due. While reading a plain file the source notes, about every
+:data:`MARK_BYTES`, which line starts at which byte (a fact about the file, whatever was
+delivered), and ``state_dict()`` carries the last :data:`MARKS_KEPT` marks of the last
+:data:`FILES_MARKED` files read; a resume starts at the last mark before its line, and reads
+past the lines between without parsing them. A compressed file, or a plain one without a mark
+(a state from another world size, or one that fell more than the marks cover behind the
+reading), is read from its start the same way.
 
 ``parse="arrow"`` parses blocks of lines with pyarrow's JSON reader, in a thread, and yields
 each block as one :class:`~.arrow_rows.ArrowRows`: under the default collate the batch is
@@ -23,6 +31,7 @@ import asyncio
 import io
 import json
 import zlib
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -47,6 +56,13 @@ BLOCK_BYTES = 8 << 20
 BLOCKS_QUEUED = 2
 #: Lines queued per file being read: the reader and the consumer wake once per this many.
 LINES_QUEUED = 64
+#: A plain file's reading notes where the next line starts about every this many bytes.
+MARK_BYTES = 1 << 20
+#: Marks kept per file (the most recent); a resume whose line lies before them all starts at
+#: the file's start.
+MARKS_KEPT = 32
+#: Files whose marks are kept (the most recently read).
+FILES_MARKED = 8
 _SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
@@ -191,6 +207,33 @@ class JsonlSource(ShardedSource):
         # Unshuffled, lines come in file order; the next files are read ahead meanwhile.
         self._width = file_concurrency if shuffle else 1
         self._depth = BLOCKS_QUEUED if parse == "arrow" else LINES_QUEUED
+        #: shard -> marks ``(line index, line number, byte offset)`` of its plain file
+        self._marks: dict[int, deque[tuple[int, int, int]]] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`ShardedSource.state_dict`, and ``"line_marks"``: per recently read plain
+        file, where some of its lines start (``[index, number, offset, ...]`` flat), so that
+        a resume reads from there."""
+        state = super().state_dict()
+        state["line_marks"] = {
+            str(shard): [n for mark in marks for n in mark] for shard, marks in self._marks.items()
+        }
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        for shard, flat in state.get("line_marks", {}).items():
+            marks = self._marks_of(int(shard))
+            for k in range(0, len(flat) - 2, 3):
+                _note(marks, (int(flat[k]), int(flat[k + 1]), int(flat[k + 2])))
+
+    def _marks_of(self, shard: int) -> deque[tuple[int, int, int]]:
+        """``shard``'s marks, as the most recently read file's (the oldest file's dropped)."""
+        marks = self._marks.pop(shard, None)
+        self._marks[shard] = marks if marks is not None else deque(maxlen=MARKS_KEPT)
+        while len(self._marks) > FILES_MARKED:
+            del self._marks[next(iter(self._marks))]
+        return self._marks[shard]
 
     async def samples(self, slc: Slice) -> AsyncGenerator[Any, None]:
         """The lines ``[skip, skip + take)`` of one file: raw, as ``{"__url__", "__key__"
@@ -201,7 +244,9 @@ class JsonlSource(ShardedSource):
         attempts = Attempts(target, self._retry, self._client.redact.extended(url_secrets(url)))
         end = None if slc.take is None else slc.skip + slc.take
         declared = None if self._counts is None else self._counts[slc.shard]
-        lines = _Lines(compression_of(url, self._compression), self._max_member)
+        compression = compression_of(url, self._compression)
+        marks = self._marks_of(slc.shard) if compression is None else None
+        lines = _Lines(compression, self._max_member, marks, slc.skip)
         pending = _Pending(target, self._block)  # outlives a broken stream's attempt
         pin: dict[str, Any] = {}
         while True:
@@ -304,18 +349,36 @@ def _arrow_table(lines: list[bytes]) -> Any | None:
     return table if table.num_rows == len(lines) else None
 
 
+def _note(marks: deque[tuple[int, int, int]], mark: tuple[int, int, int]) -> None:
+    """Adds ``mark`` unless it is not past the last one (a file read again, a loaded state)."""
+    if not marks or marks[-1][0] < mark[0]:
+        marks.append(mark)
+
+
 class _Lines:
     """Splits a file's (decompressed) bytes into numbered lines, blank lines left out, and
     knows where a broken stream resumes.
 
-    ``seen`` counts the non-blank lines given; ``number`` the lines read (1-based)."""
+    ``seen`` counts the non-blank lines given; ``number`` the lines read (1-based). A plain
+    file's reading notes in ``marks`` where its next line starts about every
+    :data:`MARK_BYTES`, and starts at the last mark at or before its line ``skip``."""
 
-    def __init__(self, compression: str | None, limit: int | None) -> None:
-        self._compression, self._limit = compression, limit
-        self.seen = 0  # non-blank lines given, over all attempts
-        self._given = 0  # ... by the current attempt, when it replays from the start
-        self._number = 0  # lines read by the current attempt
-        self._offset = 0  # a plain file's byte after the last whole line
+    def __init__(
+        self,
+        compression: str | None,
+        limit: int | None,
+        marks: deque[tuple[int, int, int]] | None = None,
+        skip: int = 0,
+    ) -> None:
+        self._compression, self._limit, self._marks = compression, limit, marks
+        index, number, offset = max(
+            (m for m in marks or () if m[0] <= skip), default=(0, 1, 0), key=lambda m: m[0]
+        )
+        self.seen = index  # non-blank lines given (or read past by a mark), over all attempts
+        self._given = index  # ... by the current attempt, when it replays from the start
+        self._number = number - 1  # lines read by the current attempt
+        self._offset = offset  # a plain file's byte after the last whole line
+        self._next_mark = offset + MARK_BYTES
         self._inflate = Inflate(compression)
         self._rest: list[bytes] = []  # the pieces of the line not ended yet
         self._pending = 0  # their bytes
@@ -352,18 +415,21 @@ class _Lines:
         """The last line, when the file does not end with a newline."""
         self._inflate.finish()
         rest = b"".join(self._rest)
-        self._rest, self._pending = [], 0
+        self._rest, self._pending, self._marks = [], 0, None  # no line starts past the end
         return self._take([rest]) if rest.strip() else []
 
     def _take(self, parts: list[bytes]) -> list[tuple[int, int, bytes]]:
+        """The lines of ``parts`` not given before, noting a mark where one is due."""
         out = []
         for raw in parts:
             self._number += 1
             self._offset += len(raw) + 1
-            if not raw.strip():
-                continue
-            self._given += 1
-            if self._given > self.seen:  # not given by an earlier attempt
-                out.append((self.seen, self._number, raw))
-                self.seen += 1
+            if raw.strip():
+                self._given += 1
+                if self._given > self.seen:  # not given by an earlier attempt
+                    out.append((self.seen, self._number, raw))
+                    self.seen += 1
+            if self._offset >= self._next_mark and self._marks is not None:
+                _note(self._marks, (self._given, self._number + 1, self._offset))
+                self._next_mark = self._offset + MARK_BYTES
         return out
