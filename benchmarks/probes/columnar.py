@@ -28,8 +28,9 @@ libraries are imported before the clock starts):
 - ``JsonlSource arrow default_collate`` and ``jsonl datasets DataLoader 2 default_collate``:
   the same under the default collate (asyncloader builds the batch from pyarrow's columns);
 - ``Packed``: ``Packed(ParquetSource(urls, columns=["tokens"]), 2048, key="tokens")``,
-  batch 8: tokens/s, and the tree's peak RSS sampled over the epoch (flat: it does not grow
-  with the epoch).
+  batch 8: tokens/s, the tree's peak RSS sampled over the epoch, and the training process's
+  RSS at each tenth of the epoch (``rss_growth_mb``: the last less the first; flat memory
+  keeps it near 0).
 
 Also measured once: the bytes the server sent for ``ParquetSource(columns=["id"])``, against
 the ``id`` column chunks plus the footers.
@@ -60,6 +61,7 @@ TOY = os.environ.get("ASYNCLOADER_COLUMNAR_TOY") == "1"
 FILES, GROUPS, ROWS_PER_GROUP = (2, 2, 200) if TOY else (16, 4, 2000)
 TOTAL = FILES * GROUPS * ROWS_PER_GROUP
 BATCH, LATENCY_S, SEQ_LEN = 256, 0.020, 2048
+TOKENS = 128  # per row
 DATA = Path(tempfile.gettempdir()) / f"asyncloader-columnar-probe{'-toy' if TOY else ''}"
 TOY_CASES = ["pyarrow local", "ParquetSource", "JsonlSource", "Packed"]
 CASES = (
@@ -96,7 +98,7 @@ def make_data() -> None:
         n = GROUPS * ROWS_PER_GROUP
         ids = list(range(f * n, (f + 1) * n))
         text = [" ".join(rng.choice(words) for _ in range(60)) for _ in ids]
-        tokens = [[rng.randrange(50000) for _ in range(128)] for _ in ids]
+        tokens = [[rng.randrange(50000) for _ in range(TOKENS)] for _ in ids]
         table = pa.table(
             {"id": ids, "text": text, "tokens": pa.array(tokens, pa.list_(pa.int32()))}
         )
@@ -165,11 +167,25 @@ def packed(server: Any) -> dict[str, Any]:
 
     urls = [server.url(n) for n in names(".parquet")]
     source = Packed(ParquetSource(urls, columns=["tokens"]), SEQ_LEN, key="tokens")
-    t0, tokens = time.perf_counter(), 0
-    for batch in AsyncLoader(source, batch_size=8):
+    rows = TOTAL * TOKENS // SEQ_LEN  # whole rows: the documents hold TOKENS tokens each
+    every = max(1, rows // 8 // 10)  # batches between two readings of the memory
+    t0, tokens, rss = time.perf_counter(), 0, []
+    for k, batch in enumerate(AsyncLoader(source, batch_size=8)):
         tokens += batch["tokens"].numel()
+        if k % every == every - 1:
+            rss.append(own_rss_mb())
     wall = time.perf_counter() - t0
-    return {"tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall}
+    return {
+        "tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall,
+        # the training process's memory at each tenth of the epoch: flat, not growing
+        "rss_tenths_mb": rss, "rss_growth_mb": rss[-1] - rss[0],
+    }  # fmt: skip
+
+
+def own_rss_mb() -> float:
+    """This process's resident memory now, in MB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
 def import_libraries(case: str) -> None:
@@ -253,7 +269,8 @@ def main() -> None:
         cases, args.reps, lambda c: side_by_side.in_fresh_process_sampled(
             MODULE, "--one", c, rss=True, timeout_s=600), snake=True,
     )  # fmt: skip
-    medians = side_by_side.medians(runs, ("items_per_s", "tokens_per_s", "peak_rss_mb", "bytes"))
+    keys = ("items_per_s", "tokens_per_s", "peak_rss_mb", "rss_growth_mb", "bytes")
+    medians = side_by_side.medians(runs, keys)
     anchors = {
         "vs datasets DataLoader 2": side_by_side.paired(runs, "datasets DataLoader 2"),
         "vs pyarrow local": side_by_side.paired(runs, "pyarrow local"),
