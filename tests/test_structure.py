@@ -63,12 +63,23 @@ def test_arrays_of_reads_what_a_walk_would_offer():
     assert nbytes(batch) == 4 + 24 + 16
 
 
-def test_a_worker_sends_rows_of_python_objects_as_they_are():
-    """A batch with no tensor or array leaves a worker as it is (no copy to pickle)."""
-    from asyncloader._worker.transport import to_shared
+def test_a_worker_pickles_rows_of_python_objects_once_and_arrays_go_their_own_way():
+    """A batch with no tensor or array leaves a worker pickled already (one pass, no search
+    for arrays first) and comes out of the answer's unpickling as it was; a batch holding one
+    anywhere, or that does not pickle, goes the way it went before."""
+    import pickle
 
-    rows = [{"id": i, "tokens": [i] * 3} for i in range(3)]
-    assert to_shared(rows) is rows
+    from asyncloader._worker.transport import Pickled, WithArrays, pickled_without_arrays, to_shared
+
+    rows = [{"id": i, "tokens": [i] * 3, "text": f"row {i}"} for i in range(3)]
+    sent = to_shared(rows)
+    assert type(sent) is Pickled
+    assert pickle.loads(pickle.dumps({"answer": sent})) == {"answer": rows}
+    assert pickled_without_arrays([*rows, {"tokens": torch.zeros(2)}]) is None
+    assert pickled_without_arrays({"deep": [[{"x": np.zeros(2)}]]}) is None
+    assert pickled_without_arrays([lambda: 0]) is None  # its sending reports it
+    big = [{"id": 0, "x": np.zeros(1 << 18)}]  # 2 MiB: shared memory
+    assert type(to_shared(big)) is WithArrays
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,17 @@ A batch of :data:`BY_VALUE_BYTES` or more is moved into shared memory before it 
 tensors with torch's sharing, numpy arrays as tensors viewing shared memory (turned back into
 arrays by :func:`from_shared`), so only handles cross the pipe. A smaller batch is pickled by
 value: receiving a shared-memory handle (a socket connection per storage for its fd, then an
-mmap) costs more than copying it.
+mmap) costs more than copying it. A batch without arrays (rows as Python objects) is pickled
+once, right away (:func:`pickled_without_arrays`): looking for arrays in it first would cost
+as much again as pickling it.
 """
 
 from __future__ import annotations
 
 import errno
+import io
+import pickle
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -97,14 +102,56 @@ def by_value(batch: Any) -> Any:
     return WithArrays(packed) if found else packed
 
 
+class Pickled:
+    """A batch pickled already, in the answer that carries it: unpickled with that answer."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return pickle.loads, (self.data,)
+
+
+class _HasArrays(Exception):
+    pass
+
+
+class _StopAtArrays(ForkingPickler):
+    """Pickles as the answer's pickler does, and stops at the first tensor or array (only
+    objects of other than the builtin types reach ``reducer_override``: rows of ints,
+    strings, lists and dicts are pickled at C speed)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (torch.Tensor, np.ndarray)):
+            raise _HasArrays
+        return NotImplemented
+
+
+def pickled_without_arrays(batch: Any) -> Pickled | None:
+    """``batch`` pickled, when it holds no tensor or array; else None (also when it does not
+    pickle: sending it then says why, as it would have)."""
+    out = io.BytesIO()
+    try:
+        _StopAtArrays(out).dump(batch)
+    except Exception:  # _HasArrays, or what the answer's own pickling will report
+        return None
+    return Pickled(out.getvalue())
+
+
 def to_shared(batch: Any) -> Any:
-    """Readies a batch to leave a worker: by value when small, else in shared memory.
+    """Readies a batch to leave a worker: pickled already when it holds no arrays, by value
+    when small, else in shared memory.
 
     Raises:
         OSError: Shared memory is full (ENOSPC), with how to make room.
     """
+    pickled = pickled_without_arrays(batch)
+    if pickled is not None:  # rows as Python objects: nothing to hand over but the pickle
+        return pickled
     arrays = arrays_of(batch)
-    if not arrays:  # rows as Python objects: nothing to hand over but the pickle
+    if not arrays:  # arrays only where arrays_of does not look (torch pickles them)
         return batch
     if sum(map(array_bytes, arrays)) < BY_VALUE_BYTES:
         return by_value(batch)

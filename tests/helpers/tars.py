@@ -106,8 +106,8 @@ def no_spin(cpu_s: float | None) -> Iterator[None]:
     """
     # The test session's heap is frozen: a full collection inside a block scans only what
     # the block made, not the million objects of the tests before it (seconds of CPU on a
-    # loaded machine, charged to whichever case it fell in).
-    gc.collect()
+    # loaded machine, charged to whichever case it fell in). Not collected first: that full
+    # collection would cost the same, once per block; the garbage waits for the unfreeze.
     gc.freeze()
     previous = signal.signal(signal.SIGVTALRM, _alarm)
     signal.setitimer(signal.ITIMER_VIRTUAL, cpu_s or 0)
