@@ -49,6 +49,12 @@ SLOW_TESTS = frozenset({
     "test_a_field_of_a_dataset_under_spawned_workers",
     "test_mp_context_is_honoured",
     "test_what_pickles_passes_and_the_fix_works",
+    "test_an_epoch_leaves_the_consumer_threads_torch_thread_count_alone",
+    "test_keep_freed_memory_stops_the_next_batch_faulting_its_pages_in_again",
+    "test_the_fork_server_starts_with_the_loader_when_it_will_be_needed",
+    # a torchrun job, a browser
+    "test_two_ranks_and_their_workers_download_each_shard_once",
+    "test_headless_chromium_draws_the_page",
 })  # fmt: skip
 
 
