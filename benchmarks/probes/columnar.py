@@ -295,6 +295,8 @@ def main() -> None:
             for name, pairs in anchors.items()
             if (r := pairs.get(case))
         ]
+        if "rss_growth_mb" in m:
+            ratios.append(f"training process grew {m['rss_growth_mb']:+.0f} MB over the epoch")
         print(f"  {case:42s} {rate:10.0f} {unit:8s} rss {m['peak_rss_mb']:6.0f} MB  "
               + "; ".join(ratios))  # fmt: skip
     id_bytes = bytes_for_id_column()
