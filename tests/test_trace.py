@@ -120,10 +120,16 @@ def test_counters_skips_and_the_engine_round_trip(tmp_path):
     skips = [e for e in trace if e["ph"] == "i" and e["name"] == "skip"]
     assert sorted(int(e["args"]["index"]) for e in skips) == [3, 13, 23, 33, 43]
     counters = [e for e in trace if e["ph"] == "C"]
-    assert {e["name"] for e in counters} == {"batches", "samples"}
+    assert {e["name"] for e in counters} == {"batches", "samples", "prefetch"}
     assert all(
         set(e["args"]) == {"window", "ahead", "ready"} for e in counters if e["name"] == "batches"
     )
+    depths = [
+        e["args"]["per worker"]
+        for e in sorted(counters, key=lambda e: e["ts"])
+        if e["name"] == "prefetch"
+    ]
+    assert depths[-1] == loader.stats.prefetch  # "auto" may have moved it on the way
     begun = Counter(e["id"] for e in trace if e["ph"] == "b" and e["cat"] == "engine")
     done = Counter(e["id"] for e in trace if e["ph"] == "e" and e["cat"] == "engine")
     assert begun == done == Counter(range(BATCHES))

@@ -237,6 +237,7 @@ class Epoch:
         tracing.counter(
             "batches", {"window": window.size, "ahead": window.ahead, "ready": self._buffer.ready}
         )
+        tracing.counter("prefetch", {"per worker": self.prefetch})
         fetcher = self._fetcher
         if isinstance(fetcher, Fetcher):
             fetching = {"in flight": fetcher.fetching, "limit": fetcher.limit}
