@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import pyarrow.compute as pc
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -143,11 +144,15 @@ def sharded_tar(request) -> Callable[[], ShardedSource]:
     return lambda: ShardedSource(urls, **opts)
 
 
-def parquet(request) -> Callable[[], ParquetSource]:
+def parquet(request, **kwargs: Any) -> Callable[[], ParquetSource]:
     server = request.getfixturevalue("contract_http")
     urls = [server.url(name) for name in PARQUET]
     opts = dict(shuffle=True, shuffle_buffer=6, row_group_concurrency=3, retry=FAST, seed=SEED)
-    return lambda: ParquetSource(urls, **opts)
+    return lambda: ParquetSource(urls, **opts, **kwargs)
+
+
+#: Keeps the 21 even rows of the 42: every row group holds some, none is ruled out whole.
+KEPT_ROWS = pc.field("flag")
 
 
 def jsonl(request, parse: str = "json") -> Callable[[], JsonlSource]:
@@ -204,6 +209,13 @@ KINDS = [
     Kind("object-store", object_store, body_id, True, BYTES, resume_points=(0, 1, 6, 10, 11)),
     Kind("sharded-tar", sharded_tar, key_id, False, BYTES | STREAM),
     Kind("parquet", parquet, lambda row: row["id"], False, BYTES | STREAM),
+    Kind(
+        "parquet-filter",
+        lambda r: parquet(r, filter=KEPT_ROWS),
+        lambda row: row["id"],
+        False,
+        BYTES | STREAM,
+    ),
     Kind("jsonl", jsonl, lambda row: row["id"], False, BYTES | STREAM),
     Kind("jsonl-arrow", lambda r: jsonl(r, "arrow"), lambda row: row["id"], False, BYTES | STREAM),
 ]

@@ -147,8 +147,9 @@ class EpochMeter:
             self._makers[seq] = worker
 
     def received(self, started: float, seq: int = -1) -> None:
-        """The consumer got batch ``seq`` after waiting since ``started`` (its ``next()``
-        call). The first batch's wait (start-up: workers, connections) is kept apart."""
+        """The consumer got batch ``seq`` (-1: unnamed) after waiting since ``started`` (its
+        ``next()`` call). The first batch's wait (start-up: workers, connections) is kept
+        apart."""
         got = now()
         worker = self._makers.pop(seq, None)
         if self.first_batch is None:

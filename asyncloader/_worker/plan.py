@@ -207,7 +207,6 @@ def _run(
         left out.
     """
     skips: list[Skip] | None = [] if plan.skip else None
-    keys: Sequence[Any] = indices
     if isinstance(samples, RowBlock):
         batch = _collate_block(plan, seq, indices, samples)
         if batch is not _NOT_COLUMNS:
@@ -217,6 +216,34 @@ def _run(
         batch = _read_columns(plan, seq, indices)
         if batch is not _NOT_COLUMNS:
             return batch
+    made = _fetched_and_transformed(plan, seq, indices, samples, epoch_seed, skips)
+    if isinstance(made, Failure):
+        return made
+    if skips is not None and not made:
+        return Trimmed(None, skips, empty=True)
+    stage = "collate"
+    try:
+        collate = worker_collate(plan.collate)
+        with tracing.span("collate", seq):
+            batch = call_seeded(epoch_seed, -1 - seq, collate, made if plan.batched else made[0])
+        stage = "share"
+        batch = _left(batch, seq)
+    except Exception as exc:
+        batch = Failure.capture(exc, stage, seq, indices)
+    return Trimmed(batch, skips) if skips else batch
+
+
+def _fetched_and_transformed(
+    plan: BatchPlan,
+    seq: int,
+    indices: Sequence[Any],
+    samples: Sequence[Any] | None,
+    epoch_seed: int | None,
+    skips: list[Skip] | None,
+) -> Failure | Sequence[Any]:
+    """Batch ``seq``'s samples fetched (unless given) and transformed (where the plan has a
+    transform), those ``skips`` records left out; or the :class:`Failure` of the stage."""
+    keys: Sequence[Any] = indices
     if samples is None:
         with tracing.span("fetch", seq, len(indices)):
             fetched = _fetch(plan, seq, indices, epoch_seed, skips)
@@ -231,20 +258,7 @@ def _run(
         if isinstance(done, Failure):
             return done
         keys, samples = done
-    if skips is not None and not samples:
-        return Trimmed(None, skips, empty=True)
-    stage = "collate"
-    try:
-        collate = worker_collate(plan.collate)
-        with tracing.span("collate", seq):
-            batch = call_seeded(
-                epoch_seed, -1 - seq, collate, samples if plan.batched else samples[0]
-            )
-        stage = "share"
-        batch = _left(batch, seq)
-    except Exception as exc:
-        batch = Failure.capture(exc, stage, seq, indices)
-    return Trimmed(batch, skips) if skips else batch
+    return samples
 
 
 _NOT_COLUMNS = object()  # what _read_columns returns for a batch it does not read

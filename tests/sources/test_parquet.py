@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -312,3 +313,78 @@ def test_unshuffled_loader_resumes_exactly(files, workers):
 
     points = (0, 3, 11) if workers else None
     check_resume(make, points, key=lambda batch: batch["id"].tolist())
+
+
+# -- filter --------------------------------------------------------------------------------
+
+#: Keeps 33 of the 80 rows; the statistics of the first file's first two row groups (score
+#: at most 3.0) rule them out.
+KEEP = (pc.field("score") > 3.0) & pc.field("flag")
+
+
+def kept(files, columns=None) -> list[dict]:
+    """What pyarrow itself reads of ``files`` under KEEP."""
+    return [
+        r for path in files for r in pq.read_table(path, filters=KEEP, columns=columns).to_pylist()
+    ]
+
+
+def test_a_filter_yields_the_rows_pyarrow_keeps_without_reading_ruled_out_row_groups(
+    http_server,
+):
+    """The rows are pyarrow's under the same filter (its columns need not be selected); row
+    groups the statistics rule out are not fetched, and the count pass reads only the
+    filter's columns."""
+    objects = big_files()
+    server = http_server(objects)
+    urls = [server.url(name) for name in objects]
+    where = pc.field("id") >= 6000  # the second file's last two row groups
+    got = stream(ParquetSource(urls, columns=["text"], filter=where))
+    expected = pq.read_table(io.BytesIO(objects["big-1.parquet"]), filters=where)
+    assert got == expected.select(["text"]).to_pylist()
+    first = [r for r in server.requests if r.path.endswith("big-0.parquet")]
+    assert all(r.range.startswith("bytes=-") for r in first), "a ruled-out row group was read"
+    meta = pq.ParquetFile(io.BytesIO(objects["big-1.parquet"])).metadata
+    size = len(objects["big-1.parquet"])
+    out = [r for g in (0, 1) for r in chunk_ranges(meta, g, range(meta.num_columns), size)]
+    lo, hi = min(r.start for r in out), max(r.stop for r in out)  # the ruled-out groups
+    for request in server.requests:
+        first_byte, _, last = request.range.removeprefix("bytes=").partition("-")
+        if request.path.endswith("big-1.parquet") and first_byte:
+            assert int(last) < lo or int(first_byte) >= hi, request.range
+
+
+def test_a_filter_keeps_order_ranks_and_len(files):
+    every = [r["id"] for r in kept(files)]
+    assert (
+        len(every) == 33 and [r["id"] for r in stream(ParquetSource(files, filter=KEEP))] == every
+    )
+    assert stream(ParquetSource(files, columns=["id"], filter=KEEP)) == kept(files, ["id"])
+    assert len(ParquetSource(files, filter=KEEP)) == 33
+    shares = [
+        [r["id"] for r in stream(ParquetSource(files, filter=KEEP, rank=k, world_size=2))]
+        for k in range(2)
+    ]
+    assert [len(s) for s in shares] == [16, 16] and set(shares[0]) | set(shares[1]) < set(every)
+    assert not set(shares[0]) & set(shares[1])
+
+
+@pytest.mark.parametrize("workers", [{}, {"num_workers": 2, "fetch_in_workers": True}])
+def test_a_filtered_loader_resumes_exactly(files, workers):
+    from tests.helpers.contracts import check_resume
+
+    def make():
+        source = ParquetSource(files, columns=["id"], filter=KEEP, shuffle=True, seed=2)
+        return AsyncLoader(source, batch_size=4, **workers)
+
+    check_resume(make, (0, 2, 5) if workers else None, key=lambda batch: batch["id"].tolist())
+
+
+def test_a_filter_is_checked():
+    with pytest.raises(TypeError, match="filter must be a pyarrow expression"):
+        ParquetSource(["a.parquet"], filter="score > 3")
+
+
+def test_a_filter_naming_a_column_the_files_lack_is_named(files):
+    with pytest.raises(ValueError, match=r"filter \(nope > 1\) does not apply to the files"):
+        stream(ParquetSource(files, filter=pc.field("nope") > 1))

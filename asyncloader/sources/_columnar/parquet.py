@@ -37,6 +37,7 @@ from asyncloader.sources._columnar.parquet_file import (
     parse_footer,
 )
 from asyncloader.sources._columnar.ranges import read_range
+from asyncloader.sources._columnar.row_filter import RowFilter, decoded_columns
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE
 from asyncloader.sources._redact import redact_url, url_secrets
 from asyncloader.sources._retry import Attempts, Permanent, Retry, check_size, describe_cause
@@ -70,6 +71,11 @@ class ParquetSource(ShardedSource):
             be read always raises: its rows cannot be counted.
         max_skipped: The most rows to skip with ``on_error="skip"``.
         max_object_size: Largest footer, and largest row group's selected chunks, in bytes.
+        filter: A pyarrow expression (``pyarrow.compute.field("lang") == "en"``): only the
+            rows it keeps are yielded. Row groups whose statistics rule it out are never
+            read; the rows the others keep are counted before the first iteration, from the
+            filter's columns alone, so the order, the ranks' equal shares and resume stay
+            exact. The filter's columns need not be among ``columns``.
 
     The footers are read (one range request each, concurrently) before the first iteration,
     or by :meth:`count_samples`, or by ``len()``.
@@ -103,8 +109,10 @@ class ParquetSource(ShardedSource):
         max_skipped: int | None = None,
         max_object_size: int | None = DEFAULT_MAX_OBJECT_SIZE,
         max_connections: int | None = None,
+        filter: Any = None,  # pyarrow's and datasets' name for it
     ) -> None:
         import_pyarrow()
+        row_filter = None if filter is None else RowFilter(filter)
         if columns is not None and (isinstance(columns, str) or not columns):
             raise ValueError(
                 f"columns must be a non-empty list of column names or None, got {columns!r}"
@@ -139,6 +147,7 @@ class ParquetSource(ShardedSource):
         #: The shards: ``(file, row group)``, once the footers are read.
         self._units: list[tuple[int, int]] = []
         self._parsed: dict[int, Any] = {}
+        self._filter = row_filter
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -167,12 +176,44 @@ class ParquetSource(ShardedSource):
             units, counts = [], []
             for f in range(len(self._files)):
                 meta = self._metadata(f)
-                for g in range(meta.num_row_groups):
+                for g in self._groups(f):
                     units.append((f, g))
                     counts.append(meta.row_group(g).num_rows)
+            if self._filter is not None:
+                units, counts = await self._kept(units)
             self._units, self._urls = units, [self._files[f] for f, _ in units]
             self._counts = counts
         return list(self._counts)
+
+    def _groups(self, f: int) -> list[int]:
+        """File ``f``'s row groups that may hold rows (with a filter: its statistics)."""
+        groups = list(range(self._metadata(f).num_row_groups))
+        if self._filter is not None:
+            size, footer = self._footers[f]
+            kept = self._filter.row_groups(size, footer)
+            return groups if kept is None else [g for g in groups if g in set(kept)]
+        return groups
+
+    async def _kept(self, units: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int]]:
+        """``units`` that keep rows under the filter, and how many each keeps (read from
+        the filter's columns, ``row_group_concurrency`` row groups at once)."""
+        assert self._filter is not None
+        limit = asyncio.Semaphore(self._concurrency)
+        row_filter = self._filter
+
+        async def kept(f: int, g: int) -> int:
+            async with limit:
+                columns = row_filter.columns(self._metadata(f).schema.to_arrow_schema())
+                table = await self._read_group(f, g, columns, None)
+            return int((await asyncio.to_thread(row_filter.apply, table, None)).num_rows)
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(kept(f, g)) for f, g in units]
+        except BaseExceptionGroup as group:
+            raise unwrap_group(group) from None
+        counted = [(unit, task.result()) for unit, task in zip(units, tasks, strict=True)]
+        return [u for u, n in counted if n], [n for _, n in counted if n]
 
     def __len__(self) -> int:
         """Rows this rank yields per epoch; reads the footers first when not read yet."""
@@ -224,15 +265,42 @@ class ParquetSource(ShardedSource):
         return meta
 
     async def samples(self, slc: Slice) -> AsyncGenerator[ArrowRows, None]:  # type: ignore[override]
-        """The rows ``[skip, skip + take)`` of one row group, as one block."""
+        """The rows ``[skip, skip + take)`` of one row group (of those the filter keeps), as
+        one block."""
         f, group = self._units[slc.shard]
-        meta, (size, footer) = self._metadata(f), self._footers[f]
-        end = meta.row_group(group).num_rows if slc.take is None else slc.skip + slc.take
+        meta = self._metadata(f)
+        every = self._counts[slc.shard] if self._counts else meta.row_group(group).num_rows
+        end = every if slc.take is None else slc.skip + slc.take
         rows = range(slc.skip, end)
         if not rows:
             return
+        if self._filter is None:
+            decoded = await self._read_group(f, group, self._columns, rows)
+        else:
+            schema = meta.schema.to_arrow_schema()
+            columns = decoded_columns(self._filter, schema, self._columns)
+            table = await self._read_group(f, group, columns, None)
+            kept = await asyncio.to_thread(self._filter.apply, table, self._columns)
+            if kept.num_rows != every:
+                where = self._attempts(f, f"#row_group={group}").target
+                raise FetchError(
+                    where, 1, f"the filter kept {kept.num_rows} rows, {every} when counted", ""
+                )
+            decoded = kept.slice(rows.start, len(rows))
+        # One block: the loader slices its batches off it, or the stream makes its rows a
+        # few at a time (made here, in one go, they would hold the loop for the whole group).
+        yield ArrowRows(decoded)
+
+    async def _read_group(
+        self, f: int, group: int, columns: Sequence[str] | None, rows: range | None
+    ) -> Any:
+        """Rows ``rows`` (None: all) of ``columns`` (None: all) of file ``f``'s row group
+        ``group``: their chunks fetched at once, decoded in a thread."""
+        meta, (size, footer) = self._metadata(f), self._footers[f]
+        if rows is None:
+            rows = range(meta.row_group(group).num_rows)
         attempts = self._attempts(f, f"#row_group={group}")
-        leaves = leaf_columns(meta, self._columns)  # ValueError: a column it does not have
+        leaves = leaf_columns(meta, columns)  # ValueError: a column it does not have
         try:
             ranges = chunk_ranges(meta, group, leaves, size)
             check_size(sum(len(r) for r in ranges), self._max_member, attempts.target)
@@ -246,14 +314,9 @@ class ParquetSource(ShardedSource):
         parts = [(r.start, read.result()) for r, read in zip(ranges, reads, strict=True)]
         parts.append((size - len(footer), footer))
         try:
-            decoded = await asyncio.to_thread(
-                decode_rows, meta, size, parts, group, self._columns, rows
-            )
+            return await asyncio.to_thread(decode_rows, meta, size, parts, group, columns, rows)
         except Permanent as exc:
             raise FetchError(attempts.target, attempts.total + 1, str(exc), "not retried") from None
-        # One block: the loader slices its batches off it, or the stream makes its rows a
-        # few at a time (made here, in one go, they would hold the loop for the whole group).
-        yield ArrowRows(decoded)
 
     def __repr__(self) -> str:
         first = redact_url(self._files[0])
