@@ -33,7 +33,8 @@ libraries are imported before the clock starts):
   keeps it near 0).
 
 Also measured once: the bytes the server sent for ``ParquetSource(columns=["id"])``, against
-the ``id`` column chunks plus the footers.
+the ``id`` column chunks plus the footers; and the same under a ``filter`` that keeps the
+last sixteenth of the rows (the other row groups ruled out by their statistics).
 
 ``python -m benchmarks.probes.columnar [--reps 5] [--only CASE...] [--save [SECTION]]
 [--toy]``
@@ -219,25 +220,33 @@ def one(case: str) -> dict[str, Any]:
         return {"items_per_s": TOTAL / wall, "wall_s": wall, **server.stats()}
 
 
-def bytes_for_id_column() -> dict[str, Any]:
-    """Bytes sent for ``ParquetSource(columns=["id"])`` against what it needs."""
+def bytes_for_id_column(last_rows: int | None = None) -> dict[str, Any]:
+    """Bytes sent for ``ParquetSource(columns=["id"])`` against what it needs: the footers
+    and the ``id`` chunks of the row groups holding rows it yields. With ``last_rows``, under
+    ``filter=field("id") >= TOTAL - last_rows``: the other row groups' statistics rule them
+    out, and the kept ones' ``id`` chunks are read twice (counted, then read)."""
     import asyncio
 
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from asyncloader.sources import ParquetSource
     from asyncloader.sources._columnar.parquet_file import chunk_ranges
     from benchmarks.range_server import RangeServer
 
+    first = 0 if last_rows is None else TOTAL - last_rows
     needed = 0
     for name in names(".parquet"):
         meta = pq.read_metadata(DATA / name)
         size = os.path.getsize(DATA / name)
-        groups = range(meta.num_row_groups)
         needed += meta.serialized_size + 8
-        needed += sum(len(r) for g in groups for r in chunk_ranges(meta, g, [0], size))
+        for g in range(meta.num_row_groups):
+            if meta.row_group(g).column(0).statistics.max >= first:
+                needed += sum(len(r) for r in chunk_ranges(meta, g, [0], size))
+    where = None if last_rows is None else pc.field("id") >= first
     with RangeServer(DATA, LATENCY_S) as server:
-        source = ParquetSource([server.url(n) for n in names(".parquet")], columns=["id"])
+        urls = [server.url(n) for n in names(".parquet")]
+        source = ParquetSource(urls, columns=["id"], filter=where)
 
         async def read() -> int:
             return sum([1 async for _ in source])
@@ -302,11 +311,16 @@ def main() -> None:
     id_bytes = bytes_for_id_column()
     print(f"  columns=['id']: {id_bytes['bytes_sent']} bytes sent, {id_bytes['bytes_needed']} "
           f"needed (id chunks + footers): {id_bytes['ratio']:.3f}x")  # fmt: skip
+    filtered = bytes_for_id_column(last_rows=TOTAL // 16)
+    print(f"  columns=['id'], filter keeping the last {TOTAL // 16} rows: {filtered['rows']} "
+          f"rows, {filtered['bytes_sent']} bytes sent, {filtered['bytes_needed']} needed "
+          f"(footers + kept groups' id chunks): {filtered['ratio']:.3f}x")  # fmt: skip
     if args.save:
         side_by_side.save(
             args.save,
             {"rows": TOTAL, "latency_ms": LATENCY_S * 1e3, "reps": args.reps,
-             "medians": medians, "paired": anchors, "id_column_bytes": id_bytes},
+             "medians": medians, "paired": anchors, "id_column_bytes": id_bytes,
+             "filtered_id_column_bytes": filtered},
         )  # fmt: skip
 
 
