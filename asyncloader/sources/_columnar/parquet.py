@@ -191,7 +191,7 @@ class ParquetSource(ShardedSource):
         if self._filter is not None:
             size, footer = self._footers[f]
             kept = self._filter.row_groups(size, footer)
-            return groups if kept is None else [g for g in groups if g in set(kept)]
+            return groups if kept is None else sorted(set(kept) & set(groups))
         return groups
 
     async def _kept(self, units: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int]]:
