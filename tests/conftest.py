@@ -77,6 +77,18 @@ def is_slow(item: pytest.Item) -> bool:
     return any(mark in body for mark in STARTS_A_PROCESS)
 
 
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m "not slow"`` (``make check``), files and folders whose every test is slow
+    are not even imported: Ray, Lightning and the trainers would add 150 MB to each test
+    process, which every worker forked from it then copies the page tables of."""
+    if config.getoption("markexpr", "") != "not slow":
+        return None
+    name = collection_path.name
+    if name in SLOW_FILES or (collection_path.is_dir() and name in SLOW_FOLDERS):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_slow(item):
