@@ -355,3 +355,35 @@ def test_iter_returns_once_the_workers_opened_their_iterations():
     iter(loader)
     workers = loader.state_dict()["_snapshot"]["_worker_snapshots"]
     assert [w["dataset_state"] for w in workers.values()] == [{"iter_calls": 1}] * 2
+
+
+def test_a_source_state_is_copied_whole_and_apart_from_the_source():
+    """What the loader keeps of a source's state after each batch equals a deep copy, shares
+    no mutable part with the state the source returned (the source goes on changing it), and
+    leaves what is not JSON-like to ``copy.deepcopy``."""
+    import copy
+
+    import numpy as np
+
+    from asyncloader._base.source_state import copied
+
+    class Opaque:
+        def __init__(self) -> None:
+            self.items = [1, 2]
+
+    state = {
+        "carry": list(range(100)),
+        "nested": {"history": [[1, 2], (3, "a")], "none": None, "flag": True},
+        "pair": (1.5, "x"),
+        "array": np.arange(3),
+        "other": Opaque(),
+    }
+    got = copied(state)
+    assert got.keys() == state.keys() and got["carry"] == state["carry"]
+    assert got["nested"] == copy.deepcopy(state["nested"]) and got["pair"] == (1.5, "x")
+    state["carry"].append(-1)
+    state["nested"]["history"][0].append(-1)
+    state["array"][0] = 7
+    state["other"].items.append(3)
+    assert got["carry"] == list(range(100)) and got["nested"]["history"][0] == [1, 2]
+    assert got["array"].tolist() == [0, 1, 2] and got["other"].items == [1, 2]

@@ -35,7 +35,29 @@ def source_state(dataset: Any, iterator: Any = None) -> dict[str, Any] | None:
     }
     if state["dataset"] is None and state["iterator"] is None:
         return None
-    return copy.deepcopy(state)
+    return {key: copied(value) for key, value in state.items()}
+
+
+_ATOMIC = frozenset({int, float, str, bool, type(None), bytes})
+
+
+def copied(value: Any) -> Any:
+    """A deep copy of ``value``, as ``copy.deepcopy`` makes it, faster for the JSON-like
+    values states are: dicts and lists are rebuilt, a list or tuple of numbers and strings is
+    copied in one C call (``deepcopy`` visits each of its items: 1.7 ms for the 4,000 ints of
+    a ``Packed`` carry, taken after every batch), anything else goes to ``deepcopy``.
+    Unlike ``deepcopy``, a list referenced twice is copied twice (states do not share)."""
+    kind = type(value)
+    if kind in _ATOMIC:
+        return value
+    if kind is dict:
+        return {k: copied(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        if set(map(type, value)) <= _ATOMIC:
+            return value.copy() if kind is list else value
+        items = [copied(v) for v in value]
+        return items if kind is list else tuple(items)
+    return copy.deepcopy(value)
 
 
 def restore_dataset(
