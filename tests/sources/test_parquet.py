@@ -388,3 +388,13 @@ def test_a_filter_is_checked():
 def test_a_filter_naming_a_column_the_files_lack_is_named(files):
     with pytest.raises(ValueError, match=r"filter \(nope > 1\) does not apply to the files"):
         stream(ParquetSource(files, filter=pc.field("nope") > 1))
+
+
+def test_a_row_group_keeping_other_than_its_count_is_an_error_naming_it(files):
+    """Rows kept that differ from the count the epoch was split by (a filter that does not
+    decide the same way twice) fail the row group, never shift the epoch."""
+    source = ParquetSource(files, filter=KEEP)
+    asyncio.run(source.count_samples())
+    source._counts[0] += 1
+    with pytest.raises(FetchError, match=r"#row_group=\d+.*the filter kept 2 rows, 3 when"):
+        stream(source)

@@ -37,7 +37,7 @@ from asyncloader.sources._columnar.parquet_file import (
     parse_footer,
 )
 from asyncloader.sources._columnar.ranges import read_range
-from asyncloader.sources._columnar.row_filter import RowFilter, decoded_columns
+from asyncloader.sources._columnar.row_filter import RowFilter
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE
 from asyncloader.sources._redact import redact_url, url_secrets
 from asyncloader.sources._retry import Attempts, Permanent, Retry, check_size, describe_cause
@@ -277,15 +277,13 @@ class ParquetSource(ShardedSource):
         if self._filter is None:
             decoded = await self._read_group(f, group, self._columns, rows)
         else:
-            schema = meta.schema.to_arrow_schema()
-            columns = decoded_columns(self._filter, schema, self._columns)
+            columns = self._filter.decoded(meta.schema.to_arrow_schema(), self._columns)
             table = await self._read_group(f, group, columns, None)
             kept = await asyncio.to_thread(self._filter.apply, table, self._columns)
             if kept.num_rows != every:
                 where = self._attempts(f, f"#row_group={group}").target
-                raise FetchError(
-                    where, 1, f"the filter kept {kept.num_rows} rows, {every} when counted", ""
-                )
+                counted = f"the filter kept {kept.num_rows} rows, {every} when counted"
+                raise FetchError(where, 1, counted, "not retried")
             decoded = kept.slice(rows.start, len(rows))
         # One block: the loader slices its batches off it, or the stream makes its rows a
         # few at a time (made here, in one go, they would hold the loop for the whole group).

@@ -1,10 +1,10 @@
 """A ``ParquetSource`` filter: a pyarrow expression, decided per row group from the footer's
 statistics where they can tell, then per row.
 
-Exact under resume, ranks and workers because the rows a filter keeps are counted before the
-first iteration (:meth:`RowFilter.count`, from the filter's own columns only): the shards and
-their counts are fixed by the files, as without a filter, and a row group's kept rows are
-found again the same way wherever it is read.
+Exact under resume, ranks and workers because ``ParquetSource`` counts the rows a filter keeps
+before the first iteration (reading the filter's own columns only, :meth:`RowFilter.columns`):
+the shards and their counts are fixed by the files, as without a filter, and a row group's kept
+rows are found again the same way wherever it is read.
 """
 
 from __future__ import annotations
@@ -86,6 +86,13 @@ class RowFilter:
         except Exception:  # statistics it cannot read: every row group is read
             return None
 
+    def decoded(self, schema: Any, columns: Sequence[str] | None) -> list[str] | None:
+        """The columns to decode for ``columns`` (None: all) of files of ``schema``, to
+        filter them: those and the expression's."""
+        if columns is None:
+            return None
+        return list(dict.fromkeys([*columns, *self.columns(schema)]))
+
     def apply(self, table: Any, columns: Sequence[str] | None) -> Any:
         """The rows of ``table`` the expression keeps, with ``columns`` (None: all)."""
         kept = table.filter(self.expression)
@@ -100,13 +107,4 @@ def _binds(empty: Any, column: str, expression: Any) -> bool:
     return True
 
 
-def decoded_columns(
-    filter_: RowFilter | None, schema: Any, columns: Sequence[str] | None
-) -> list[str] | None:
-    """The columns to decode for ``columns`` (None: all) to be filtered by ``filter_``."""
-    if filter_ is None or columns is None:
-        return None if columns is None else list(columns)
-    return list(dict.fromkeys([*columns, *filter_.columns(schema)]))
-
-
-__all__ = ["RowFilter", "decoded_columns"]
+__all__ = ["RowFilter"]
