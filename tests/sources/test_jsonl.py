@@ -155,7 +155,7 @@ def test_a_resume_reads_a_plain_file_from_the_mark_before_its_line(
     source asks for the file from the last mark before its first line due, not from its
     start, and yields the same lines. Without lines_per_file the epoch is read from its start
     (the lines before are not known to lie in earlier files)."""
-    monkeypatch.setattr("asyncloader.sources._columnar.jsonl.MARK_BYTES", 200)
+    monkeypatch.setattr("asyncloader.sources._columnar.line_runs.MARK_BYTES", 200)
     files = file_set(None)
     sizes = SIZES if counted else None
 

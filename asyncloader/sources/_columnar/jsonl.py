@@ -12,7 +12,7 @@ past the lines it had already given (a compressed stream has no byte offset to r
 
 Resuming an epoch from a saved state: a plain file is read from a byte offset at or before
 its first line still due. While reading a plain file the source notes, about every
-:data:`MARK_BYTES`, which line starts at which byte (a fact about the file, whatever was
+:data:`~.line_runs.MARK_BYTES`, which line starts at which byte (a fact about the file, whatever was
 delivered), and ``state_dict()`` carries the last :data:`MARKS_KEPT` marks of the last
 :data:`FILES_MARKED` files read; a resume starts at the last mark before its line, and reads
 past the lines between without parsing them. A compressed file, or a plain one without a mark
@@ -30,16 +30,15 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncloader.sources._columnar.arrow_rows import ArrowRows
+from asyncloader.sources._columnar.line_runs import LineRuns, Run, note
 from asyncloader.sources._map import DEFAULT_MAX_OBJECT_SIZE
 from asyncloader.sources._redact import redact_url, url_secrets
-from asyncloader.sources._retry import Attempts, Permanent, Retry
+from asyncloader.sources._retry import Attempts, Retry
 from asyncloader.sources._sharded.shardplan import Slice, miscounted
 from asyncloader.sources._sharded.source import ShardedSource
 
@@ -56,8 +55,6 @@ BLOCK_BYTES = 8 << 20
 BLOCKS_QUEUED = 2
 #: Lines queued per file being read: the reader and the consumer wake once per this many.
 LINES_QUEUED = 64
-#: A plain file's reading notes where the next line starts about every this many bytes.
-MARK_BYTES = 1 << 20
 #: Marks kept per file (the most recent); a resume whose line lies before them all starts at
 #: the file's start.
 MARKS_KEPT = 32
@@ -72,49 +69,6 @@ def compression_of(url: str, compression: str | None) -> str | None:
         return compression
     path = url.split("?", 1)[0].lower()
     return next((kind for suffix, kind in _SUFFIXES.items() if path.endswith(suffix)), None)
-
-
-class Inflate:
-    """Decompresses a stream chunk by chunk, across concatenated members (gzip) or frames
-    (zstd); ``None`` passes the bytes through."""
-
-    def __init__(self, kind: str | None) -> None:
-        self.kind = kind
-        self._new: Callable[[], Any] | None = None
-        if kind == "gzip":
-            self._new = lambda: zlib.decompressobj(wbits=47)  # gzip or zlib header
-        elif kind == "zstd":
-            try:
-                import zstandard
-            except ImportError as exc:
-                raise ImportError(
-                    "a .zst file needs zstandard: pip install 'asyncloader[zstd]'"
-                ) from exc
-            # 1 MiB out per call: a third less time than the default 128 KiB pieces joined.
-            self._new = partial(zstandard.ZstdDecompressor().decompressobj, write_size=1 << 20)
-        self._obj = self._new() if self._new is not None else None
-        self._inside = False  # the current member or frame has had input and not ended
-
-    def feed(self, chunk: bytes) -> bytes:
-        if self._obj is None or self._new is None:
-            return chunk
-        out = []
-        while chunk:
-            try:
-                out.append(self._obj.decompress(chunk))
-            except Exception as exc:
-                raise Permanent(f"corrupt {self.kind} data: {type(exc).__name__}: {exc}") from None
-            self._inside = not self._obj.eof
-            if self._inside:
-                break
-            chunk = self._obj.unused_data  # the next member or frame
-            self._obj = self._new()
-        return b"".join(out)
-
-    def finish(self) -> None:
-        """Raises Permanent when the stream ended inside a member or frame (truncated)."""
-        if self._inside:
-            raise Permanent(f"truncated {self.kind} data: the stream ended inside a frame")
 
 
 class JsonlSource(ShardedSource):
@@ -225,7 +179,7 @@ class JsonlSource(ShardedSource):
         for shard, flat in state.get("line_marks", {}).items():
             marks = self._marks_of(int(shard))
             for k in range(0, len(flat) - 2, 3):
-                _note(marks, (int(flat[k]), int(flat[k + 1]), int(flat[k + 2])))
+                note(marks, (int(flat[k]), int(flat[k + 1]), int(flat[k + 2])))
 
     def _marks_of(self, shard: int) -> deque[tuple[int, int, int]]:
         """``shard``'s marks, as the most recently read file's (the oldest file's dropped)."""
@@ -246,7 +200,7 @@ class JsonlSource(ShardedSource):
         declared = None if self._counts is None else self._counts[slc.shard]
         compression = compression_of(url, self._compression)
         marks = self._marks_of(slc.shard) if compression is None else None
-        lines = _Lines(compression, self._max_member, marks, slc.skip)
+        lines = LineRuns(compression, self._max_member, marks, slc.skip)
         pending = _Pending(target, self._block)  # outlives a broken stream's attempt
         pin: dict[str, Any] = {}
         while True:
@@ -293,143 +247,84 @@ def _parse_line(sample: dict[str, Any]) -> Any:
 
 
 class _Pending:
-    """A file's lines given and not yet yielded: raw, one by one, or (``block`` > 0) parsed
-    by pyarrow once they hold ``block`` bytes."""
+    """A file's lines given and not yet yielded: one by one, or (``block`` > 0) parsed by
+    pyarrow in blocks once they hold ``block`` bytes."""
 
     def __init__(self, target: str, block: int) -> None:
         self._target, self._block = target, block
-        self._lines: list[tuple[int, bytes]] = []  # (line number, line)
-        self._bytes = 0
+        self._runs: list[Run] = []
+        self._bytes = 0  # of the lines in _runs, a newline each
 
-    def add(self, given: list[tuple[int, int, bytes]], skip: int, end: int | None) -> None:
-        """The lines of ``given`` in ``[skip, end)``."""
+    def add(self, runs: list[Run], skip: int, end: int | None) -> None:
+        """The lines of ``runs`` in ``[skip, end)``."""
         stop = end if end is not None else float("inf")
-        lines = [(n, raw) for i, n, raw in given if skip <= i < stop]
-        self._lines += lines
-        if self._block:
-            self._bytes += sum(len(raw) for _, raw in lines)
+        for run in runs:
+            if skip <= run.index and run.index + run.count <= stop:
+                kept = [run]
+            else:  # at the slice's edge: line by line
+                kept = [Run(i, n, raw, 1) for i, n, raw in run.numbered() if skip <= i < stop]
+            self._runs += kept
+            self._bytes += sum(len(r.data) + 1 for r in kept)
 
     async def ready(self, last: bool) -> AsyncGenerator[Any, None]:
         """What can be yielded now: every line, or each block once full, and with ``last``
         the rest."""
         if not self._block:
-            for number, raw in self._lines:
-                yield {"__url__": self._target, "__key__": f"line {number}", "line": raw}
-            self._lines = []
+            runs, self._runs, self._bytes = self._runs, [], 0
+            for run in runs:
+                for _, number, raw in run.numbered():
+                    yield self._line(number, raw)
             return
-        while self._lines and (self._bytes >= self._block or last):
-            size, cut = 0, 0
-            while cut < len(self._lines) and size < self._block:
-                size += len(self._lines[cut][1])
-                cut += 1
-            lines, self._lines, self._bytes = (
-                self._lines[:cut],
-                self._lines[cut:],
-                self._bytes - size,
-            )
-            table = await asyncio.to_thread(_arrow_table, [raw for _, raw in lines])
+        while self._runs and (self._bytes >= self._block or last):
+            block = self._take_block()
+            count = sum(run.count for run in block)
+            data = b"\n".join(run.data for run in block)
+            table = await asyncio.to_thread(_arrow_table, data, count)
             if table is not None:
                 yield ArrowRows(table)
                 continue
-            for number, raw in lines:  # one by one, each error named by its line
-                yield {"__url__": self._target, "__key__": f"line {number}", "line": raw}
+            for run in block:  # one by one, each error named by its line
+                for _, number, raw in run.numbered():
+                    yield self._line(number, raw)
+
+    def _take_block(self) -> list[Run]:
+        """The first lines holding ``block`` bytes or more (all, when fewer), taken off."""
+        size, cut = 0, 0
+        while cut < len(self._runs) and size < self._block:
+            size += len(self._runs[cut].data) + 1
+            cut += 1
+        block, self._runs = self._runs[:cut], self._runs[cut:]
+        over = size - self._block
+        if over > 0:  # the last run reaches past the block: the lines past it stay
+            head, rest = block[-1].split(len(block[-1].data) - over)
+            if rest is not None:
+                block[-1] = head
+                self._runs.insert(0, rest)
+                size -= len(rest.data) + 1
+        self._bytes -= size
+        return block
+
+    def _line(self, number: int, raw: bytes) -> dict[str, Any]:
+        """One line, raw, for the source's decode step to parse."""
+        return {"__url__": self._target, "__key__": f"line {number}", "line": raw}
 
 
-def _arrow_table(lines: list[bytes]) -> Any | None:
-    """``lines`` as one pyarrow table, one row per line, or None where pyarrow cannot read
-    them so (then they are parsed one by one)."""
+def _arrow_table(data: bytes, count: int) -> Any | None:
+    """The ``count`` lines of ``data`` as one pyarrow table, one row per line, or None where
+    pyarrow cannot read them so (then they are parsed one by one)."""
+    import pyarrow as pa
     import pyarrow.json as paj
 
-    longest = max(map(len, lines))
-    options = paj.ReadOptions(block_size=max(1 << 20, 2 * longest + 2))
-    try:
-        table = paj.read_json(io.BytesIO(b"\n".join(lines)), read_options=options)
-    except Exception:  # ArrowInvalid and kin: malformed, conflicting or not objects
-        return None
-    return table if table.num_rows == len(lines) else None
-
-
-def _note(marks: deque[tuple[int, int, int]], mark: tuple[int, int, int]) -> None:
-    """Adds ``mark`` unless it is not past the last one (a file read again, a loaded state)."""
-    if not marks or marks[-1][0] < mark[0]:
-        marks.append(mark)
-
-
-class _Lines:
-    """Splits a file's (decompressed) bytes into numbered lines, blank lines left out, and
-    knows where a broken stream resumes.
-
-    ``seen`` counts the non-blank lines given; ``number`` the lines read (1-based). A plain
-    file's reading notes in ``marks`` where its next line starts about every
-    :data:`MARK_BYTES`, and starts at the last mark at or before its line ``skip``."""
-
-    def __init__(
-        self,
-        compression: str | None,
-        limit: int | None,
-        marks: deque[tuple[int, int, int]] | None = None,
-        skip: int = 0,
-    ) -> None:
-        self._compression, self._limit, self._marks = compression, limit, marks
-        index, number, offset = max(
-            (m for m in marks or () if m[0] <= skip), default=(0, 1, 0), key=lambda m: m[0]
-        )
-        self.seen = index  # non-blank lines given (or read past by a mark), over all attempts
-        self._given = index  # ... by the current attempt, when it replays from the start
-        self._number = number - 1  # lines read by the current attempt
-        self._offset = offset  # a plain file's byte after the last whole line
-        self._next_mark = offset + MARK_BYTES
-        self._inflate = Inflate(compression)
-        self._rest: list[bytes] = []  # the pieces of the line not ended yet
-        self._pending = 0  # their bytes
-
-    def resume_at(self) -> int:
-        return self._offset if self._compression is None else 0
-
-    def restart(self) -> None:
-        """A broken stream: a plain file continues after its last whole line, a compressed
-        one replays from its start, past the lines already given."""
-        self._rest, self._pending = [], 0
-        if self._compression is not None:
-            self._inflate = Inflate(self._compression)
-            self._given, self._number = 0, 0
-
-    def feed(self, chunk: bytes) -> list[tuple[int, int, bytes]]:
-        """``(index, number, line)`` of the whole lines ``chunk`` completes, not given
-        before: ``index`` counts the file's non-blank lines from 0, ``number`` all its
-        lines from 1."""
-        piece = self._inflate.feed(chunk)
-        if b"\n" in piece:
-            parts = b"".join([*self._rest, piece]).split(b"\n")
-            last = parts.pop()
-            self._rest, self._pending = [last], 0
-        else:  # a long line: its pieces are joined once, at its end
-            parts, last = [], piece
-            self._rest.append(piece)
-        self._pending += len(last)  # of the line not ended yet
-        if self._limit is not None and self._pending > self._limit:
-            raise Permanent(f"a line over max_object_size={self._limit} bytes")
-        return self._take(parts)
-
-    def finish(self) -> list[tuple[int, int, bytes]]:
-        """The last line, when the file does not end with a newline."""
-        self._inflate.finish()
-        rest = b"".join(self._rest)
-        self._rest, self._pending, self._marks = [], 0, None  # no line starts past the end
-        return self._take([rest]) if rest.strip() else []
-
-    def _take(self, parts: list[bytes]) -> list[tuple[int, int, bytes]]:
-        """The lines of ``parts`` not given before, noting a mark where one is due."""
-        out = []
-        for raw in parts:
-            self._number += 1
-            self._offset += len(raw) + 1
-            if raw.strip():
-                self._given += 1
-                if self._given > self.seen:  # not given by an earlier attempt
-                    out.append((self.seen, self._number, raw))
-                    self.seen += 1
-            if self._offset >= self._next_mark and self._marks is not None:
-                _note(self._marks, (self._given, self._number + 1, self._offset))
-                self._next_mark = self._offset + MARK_BYTES
-        return out
+    for block_size in (1 << 20, len(data) + 1) if len(data) >= 1 << 20 else (1 << 20,):
+        try:
+            table = paj.read_json(
+                io.BytesIO(data), read_options=paj.ReadOptions(block_size=block_size)
+            )
+        except pa.ArrowInvalid as exc:  # malformed, conflicting, not objects, or too long
+            if "straddl" in str(exc):
+                continue  # a line longer than a block: all in one block
+            return None
+        except Exception:  # pyarrow's other refusals: line by line, each error named
+            return None
+        return table if table.num_rows == count else None
+    return None

@@ -1,0 +1,213 @@
+"""A JSON Lines file's bytes, decompressed as they stream, as runs of numbered lines.
+
+A run is consecutive non-blank lines kept as the bytes they were read in (joined by
+newlines), with the index and number of its first line: a block parser reads it as is, and
+nothing is made per line until a line is wanted on its own. Where a piece of the file holds
+a blank line, or replays lines already given, its lines come one run each.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from asyncloader.sources._retry import Permanent
+
+#: A plain file's reading notes where the next line starts about every this many bytes.
+MARK_BYTES = 1 << 20
+#: A newline followed by what ``bytes.strip`` strips: where a blank line may start.
+_SPACE_AFTER_NEWLINE = re.compile(rb"\n[ \t\n\r\x0b\x0c]")
+
+
+class Inflate:
+    """Decompresses a stream chunk by chunk, across concatenated members (gzip) or frames
+    (zstd); ``None`` passes the bytes through."""
+
+    def __init__(self, kind: str | None) -> None:
+        self.kind = kind
+        self._new: Callable[[], Any] | None = None
+        if kind == "gzip":
+            self._new = lambda: zlib.decompressobj(wbits=47)  # gzip or zlib header
+        elif kind == "zstd":
+            try:
+                import zstandard
+            except ImportError as exc:
+                raise ImportError(
+                    "a .zst file needs zstandard: pip install 'asyncloader[zstd]'"
+                ) from exc
+            # 1 MiB out per call: a third less time than the default 128 KiB pieces joined.
+            self._new = partial(zstandard.ZstdDecompressor().decompressobj, write_size=1 << 20)
+        self._obj = self._new() if self._new is not None else None
+        self._inside = False  # the current member or frame has had input and not ended
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._obj is None or self._new is None:
+            return chunk
+        out = []
+        while chunk:
+            try:
+                out.append(self._obj.decompress(chunk))
+            except Exception as exc:
+                raise Permanent(f"corrupt {self.kind} data: {type(exc).__name__}: {exc}") from None
+            self._inside = not self._obj.eof
+            if self._inside:
+                break
+            chunk = self._obj.unused_data  # the next member or frame
+            self._obj = self._new()
+        return b"".join(out)
+
+    def finish(self) -> None:
+        """Raises Permanent when the stream ended inside a member or frame (truncated)."""
+        if self._inside:
+            raise Permanent(f"truncated {self.kind} data: the stream ended inside a frame")
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """``count`` consecutive non-blank lines of a file, joined by newlines in ``data``;
+    ``index`` is the first's among the file's non-blank lines (from 0), ``number`` among
+    all its lines (from 1)."""
+
+    index: int
+    number: int
+    data: bytes
+    count: int
+
+    def numbered(self) -> Iterator[tuple[int, int, bytes]]:
+        """``(index, number, line)`` of each line."""
+        lines = self.data.split(b"\n") if self.count > 1 else [self.data]
+        for k, raw in enumerate(lines):
+            yield self.index + k, self.number + k, raw
+
+    def split(self, size: int) -> tuple[Run, Run | None]:
+        """The lines up to the first that ends at or past byte ``size`` of ``data``, and the
+        rest (None when none is left)."""
+        cut = self.data.find(b"\n", size)
+        if cut < 0:
+            return self, None
+        head = self.data.count(b"\n", 0, cut) + 1
+        rest = Run(self.index + head, self.number + head, self.data[cut + 1 :], self.count - head)
+        return Run(self.index, self.number, self.data[:cut], head), rest
+
+
+def _may_hold_blank(data: bytes) -> bool:
+    """Whether a line of ``data`` (lines joined by newlines) may be blank: one starts with
+    what ``bytes.strip`` strips, or is empty."""
+    return (
+        not data
+        or data[:1].isspace()
+        or data.endswith(b"\n")
+        or _SPACE_AFTER_NEWLINE.search(data) is not None
+    )
+
+
+def note(marks: deque[tuple[int, int, int]], mark: tuple[int, int, int]) -> None:
+    """Adds ``mark`` unless it is not past the last one (a file read again, a loaded state)."""
+    if not marks or marks[-1][0] < mark[0]:
+        marks.append(mark)
+
+
+class LineRuns:
+    """Splits a file's (decompressed) bytes into runs of numbered lines, blank lines left
+    out, and knows where a broken stream resumes.
+
+    ``seen`` counts the non-blank lines given; ``number`` the lines read (1-based). A plain
+    file's reading notes in ``marks`` where its next line starts about every
+    :data:`MARK_BYTES` (``(index, number, offset)``), and starts at the last mark at or
+    before its line ``skip``."""
+
+    def __init__(
+        self,
+        compression: str | None,
+        limit: int | None,
+        marks: deque[tuple[int, int, int]] | None = None,
+        skip: int = 0,
+    ) -> None:
+        self._compression, self._limit, self._marks = compression, limit, marks
+        index, number, offset = max(
+            (m for m in marks or () if m[0] <= skip), default=(0, 1, 0), key=lambda m: m[0]
+        )
+        self.seen = index  # non-blank lines given (or read past by a mark), over all attempts
+        self._given = index  # ... by the current attempt, when it replays from the start
+        self._number = number - 1  # lines read by the current attempt
+        self._offset = offset  # a plain file's byte after the last whole line
+        self._next_mark = offset + MARK_BYTES
+        self._inflate = Inflate(compression)
+        self._rest: list[bytes] = []  # the pieces of the line not ended yet
+        self._pending = 0  # their bytes
+
+    def resume_at(self) -> int:
+        return self._offset if self._compression is None else 0
+
+    def restart(self) -> None:
+        """A broken stream: a plain file continues after its last whole line, a compressed
+        one replays from its start, past the lines already given."""
+        self._rest, self._pending = [], 0
+        if self._compression is not None:
+            self._inflate = Inflate(self._compression)
+            self._given, self._number = 0, 0
+
+    def feed(self, chunk: bytes) -> list[Run]:
+        """The runs of whole lines ``chunk`` completes, not given before."""
+        piece = self._inflate.feed(chunk)
+        end = piece.rfind(b"\n")
+        data = None
+        if end < 0:  # a long line: its pieces are joined once, at its end
+            self._rest.append(piece)
+            self._pending += len(piece)
+        else:
+            data = b"".join([*self._rest, piece[:end]]) if self._rest else piece[:end]
+            last = piece[end + 1 :]
+            self._rest, self._pending = [last], len(last)
+        if self._limit is not None and self._pending > self._limit:
+            raise Permanent(f"a line over max_object_size={self._limit} bytes")
+        return [] if data is None else self._runs(data)
+
+    def finish(self) -> list[Run]:
+        """The last line, when the file does not end with a newline."""
+        self._inflate.finish()
+        rest = b"".join(self._rest)
+        self._rest, self._pending, self._marks = [], 0, None  # no line starts past the end
+        return self._take([rest]) if rest.strip() else []
+
+    def _runs(self, data: bytes) -> list[Run]:
+        """The lines of ``data`` (whole lines joined by newlines) not given before: one run
+        where none may be blank and none was given before, else a run per line."""
+        if self._given < self.seen or _may_hold_blank(data):  # replaying, or blank lines
+            return self._take(data.split(b"\n"))
+        count = data.count(b"\n") + 1
+        run, start = Run(self.seen, self._number + 1, data, count), self._offset
+        self._number += count
+        self._given += count
+        self.seen += count
+        self._offset += len(data) + 1
+        while self._marks is not None and self._offset >= self._next_mark:
+            # the first line of the run that ends at or past the mark
+            end = data.find(b"\n", max(0, self._next_mark - start - 1))
+            end = len(data) if end < 0 else end
+            lines = data.count(b"\n", 0, end) + 1
+            note(self._marks, (run.index + lines, run.number + lines, start + end + 1))
+            self._next_mark = start + end + 1 + MARK_BYTES
+        return [run]
+
+    def _take(self, parts: list[bytes]) -> list[Run]:
+        """The lines of ``parts`` not given before, a run each, noting a mark where one is
+        due."""
+        out = []
+        for raw in parts:
+            self._number += 1
+            self._offset += len(raw) + 1
+            if raw.strip():
+                self._given += 1
+                if self._given > self.seen:  # not given by an earlier attempt
+                    out.append(Run(self.seen, self._number, raw, 1))
+                    self.seen += 1
+            if self._offset >= self._next_mark and self._marks is not None:
+                note(self._marks, (self._given, self._number + 1, self._offset))
+                self._next_mark = self._offset + MARK_BYTES
+        return out
