@@ -5,15 +5,22 @@ splits at a line's end."""
 
 from __future__ import annotations
 
+import gzip
 import random
 from collections import deque
 
 import pytest
+import zstandard
 
 from asyncloader.sources._columnar import line_runs
 from asyncloader.sources._columnar.line_runs import LineRuns, Run
 
 MARK = 64
+COMPRESS = {
+    None: lambda data: data,
+    "gzip": gzip.compress,
+    "zstd": lambda data: zstandard.ZstdCompressor().compress(data),
+}
 
 
 def random_file(rng: random.Random) -> bytes:
@@ -47,9 +54,12 @@ def by_lines(data: bytes) -> tuple[list[tuple[int, int, bytes]], list[tuple[int,
     return lines, marks
 
 
-def read(data: bytes, rng: random.Random) -> tuple[list[Run], list[tuple[int, int, int]]]:
+def read(
+    data: bytes, rng: random.Random, compression: str | None = None
+) -> tuple[list[Run], list[tuple[int, int, int]]]:
     marks: deque[tuple[int, int, int]] = deque()
-    reader, runs, at = LineRuns(None, None, marks), [], 0
+    reader, runs, at = LineRuns(compression, None, marks), [], 0
+    data = COMPRESS[compression](data)
     while at < len(data):
         step = rng.choice([1, 7, 50, 300, 5000])
         runs += reader.feed(data[at : at + step])
@@ -67,6 +77,19 @@ def test_runs_are_the_lines_with_their_numbers_and_marks(monkeypatch, seed):
     assert [line for run in runs for line in run.numbered()] == want_lines
     assert all(run.count == len(run.data.split(b"\n")) for run in runs)
     assert marks == want_marks
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+@pytest.mark.parametrize("seed", range(100))
+def test_compressed_runs_are_the_lines_decompressed_in_pieces(monkeypatch, seed, compression):
+    """A compressed file's lines, decompressed once its held input reaches INFLATE_BYTES
+    (and at the end); a compressed file notes no marks."""
+    monkeypatch.setattr(line_runs, "INFLATE_BYTES", 40)
+    rng = random.Random(seed)
+    data = random_file(rng)
+    runs, marks = read(data, rng, compression)
+    assert [line for run in runs for line in run.numbered()] == by_lines(data)[0]
+    assert marks == []
 
 
 def test_whole_lines_of_one_chunk_are_one_run():
