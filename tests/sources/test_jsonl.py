@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import tracemalloc
 
 import pytest
 import zstandard
@@ -225,6 +226,57 @@ def test_a_line_longer_than_the_limit_is_refused_and_long_lines_are_read(tmp_pat
     assert stream(JsonlSource([str(path)])) == [long, {"a": 1}]
     with pytest.raises(FetchError, match="a line over max_object_size=1048576"):
         stream(JsonlSource([str(path)], max_object_size=1 << 20))
+
+
+def peak_while(run) -> int:
+    """The most Python memory ``run()`` held at once, in bytes."""
+    tracemalloc.start()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_a_compressed_line_bomb_is_refused_before_it_is_inflated(tmp_path, compression):
+    """64 MB of one line compress to kilobytes; the line is refused once over
+    max_object_size, holding a few megabytes, not the 64 MB."""
+    line = b'{"x": "' + b"x" * (64 << 20) + b'"}\n'
+    path = tmp_path / f"bomb.jsonl{SUFFIX[compression][len('.jsonl'):]}"
+    path.write_bytes(gzip.compress(line) if compression == "gz" else zstd_bytes(line))
+    del line
+
+    def read() -> None:
+        with pytest.raises(FetchError, match="a line over max_object_size=1048576"):
+            stream(JsonlSource([str(path)], max_object_size=1 << 20))
+
+    assert peak_while(read) < 16 << 20
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_a_file_that_inflates_far_is_read_a_piece_at_a_time(tmp_path, compression, parse):
+    """72 MB of short lines compress to kilobytes; reading the first lines inflates only
+    the first pieces."""
+    lines = b'{"a": 1}\n' * (8 << 20)
+    path = tmp_path / f"far.jsonl{SUFFIX[compression][len('.jsonl'):]}"
+    path.write_bytes(gzip.compress(lines) if compression == "gz" else zstd_bytes(lines))
+    size, lines = len(lines), b""
+
+    async def first_rows() -> list:
+        it = aiter(JsonlSource([str(path)], parse=parse))
+        rows = [await anext(it) for _ in range(10)]
+        await it.aclose()
+        return rows
+
+    got: list = []
+    peak = peak_while(lambda: got.extend(asyncio.run(first_rows())))
+    assert got == [{"a": 1}] * 10
+    assert peak < 16 << 20, (peak, size)
+
+
+def zstd_bytes(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor().compress(data)
 
 
 def test_arrow_batches_equal_dataloaders_of_the_same_rows(tmp_path, parse):

@@ -208,12 +208,17 @@ class JsonlSource(ShardedSource):
             try:
                 async for chunk in chunks:
                     attempts.progressed()
-                    pending.add(lines.feed(chunk), slc.skip, end)
-                    async for sample in pending.ready(last=end is not None and lines.seen >= end):
+                    for runs in lines.feed(chunk):
+                        pending.add(runs, slc.skip, end)
+                        done = end is not None and lines.seen >= end
+                        async for sample in pending.ready(last=done):
+                            yield sample
+                        if done:
+                            return
+                for runs in lines.finish():  # and a last line without a newline
+                    pending.add(runs, slc.skip, end)
+                    async for sample in pending.ready(last=False):
                         yield sample
-                    if end is not None and lines.seen >= end:
-                        return
-                pending.add(lines.finish(), slc.skip, end)  # a last line without a newline
                 async for sample in pending.ready(last=True):
                     yield sample
                 _check_count(slc.shard, lines.seen, end, declared)

@@ -4,6 +4,9 @@ A run is consecutive non-blank lines kept as the bytes they were read in (joined
 newlines), with the index and number of its first line: a block parser reads it as is, and
 nothing is made per line until a line is wanted on its own. Where a piece of the file holds
 a blank line, or replays lines already given, its lines come one run each.
+
+A compressed file is decompressed in pieces made as they are asked for (:class:`Inflate`),
+so what is held stays bounded however far the file decompresses.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from asyncloader.sources._retry import Permanent
@@ -24,14 +26,25 @@ MARK_BYTES = 1 << 20
 #: zstd streams decompressed at once in 64 KiB pieces (files read side by side) take about
 #: three times as long as one at a time, each evicting the others' window from the cache.
 INFLATE_BYTES = 1 << 20
+#: Decompressed bytes are handed on in pieces of about this many, each split into lines
+#: (and checked against the line limit) before the next is made.
+OUT_BYTES = 1 << 20
+#: The most zstd input decompressed per call. A call returns all it makes, and a zstd block of
+#: 4 bytes can make 128 KiB (a run), so this bounds a call's output at 32 MiB whatever a file
+#: holds. The step starts at :data:`ZSTD_FIRST_STEP` and halves while calls make more than
+#: :data:`OUT_BYTES`, doubling back while they make under half of it.
+ZSTD_STEP = 1 << 10
+ZSTD_FIRST_STEP = 64
 #: A newline followed by what ``bytes.strip`` strips: where a blank line may start.
 _SPACE_AFTER_NEWLINE = re.compile(rb"\n[ \t\n\r\x0b\x0c]")
 
 
 class Inflate:
-    """Decompresses a stream, across concatenated members (gzip) or frames (zstd), in pieces
-    of at least :data:`INFLATE_BYTES` of its input (the last one at :meth:`finish`);
-    ``None`` passes the bytes through as they come."""
+    """Decompresses a stream, across concatenated members (gzip) or frames (zstd), once it
+    holds :data:`INFLATE_BYTES` of input (the rest at :meth:`finish`), into pieces of about
+    :data:`OUT_BYTES` made one at a time as they are asked for: however far a file
+    compresses, no more than a piece and a call's output is held. ``None`` passes the bytes
+    through as they come."""
 
     def __init__(self, kind: str | None) -> None:
         self.kind = kind
@@ -45,47 +58,98 @@ class Inflate:
                 raise ImportError(
                     "a .zst file needs zstandard: pip install 'asyncloader[zstd]'"
                 ) from exc
-            # 1 MiB out per call: a third less time than the default 128 KiB pieces joined.
-            self._new = partial(zstandard.ZstdDecompressor().decompressobj, write_size=1 << 20)
-        self._obj = self._new() if self._new is not None else None
+            self._new = zstandard.ZstdDecompressor().decompressobj
+        self._obj: Any = self._new() if self._new is not None else None
         self._inside = False  # the current member or frame has had input and not ended
         self._input: list[bytes] = []  # not decompressed yet
         self._held = 0  # their bytes
+        self._step = ZSTD_FIRST_STEP  # zstd input per call
 
-    def feed(self, chunk: bytes) -> bytes:
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
         """What ``chunk`` and the input held before it decompress to, once they hold
         :data:`INFLATE_BYTES`; else nothing yet."""
         if self._obj is None:
-            return chunk
+            yield chunk
+            return
         self._input.append(chunk)
         self._held += len(chunk)
-        return self._inflate() if self._held >= INFLATE_BYTES else b""
+        if self._held >= INFLATE_BYTES:
+            yield from self._pieces()
 
-    def finish(self) -> bytes:
+    def finish(self) -> Iterator[bytes]:
         """What the input held decompresses to. Raises Permanent when the stream ended
         inside a member or frame (truncated)."""
-        out = self._inflate() if self._obj is not None else b""
+        yield from self._pieces()
         if self._inside:
             raise Permanent(f"truncated {self.kind} data: the stream ended inside a frame")
-        return out
 
-    def _inflate(self) -> bytes:
-        chunk = b"".join(self._input)
+    def _pieces(self) -> Iterator[bytes]:
+        data = b"".join(self._input)
         self._input, self._held = [], 0
-        if self._obj is None or self._new is None:
-            return chunk
-        out = []
-        while chunk:
-            try:
-                out.append(self._obj.decompress(chunk))
-            except Exception as exc:
-                raise Permanent(f"corrupt {self.kind} data: {type(exc).__name__}: {exc}") from None
-            self._inside = not self._obj.eof
-            if self._inside:
-                break
-            chunk = self._obj.unused_data  # the next member or frame
-            self._obj = self._new()
-        return b"".join(out)
+        out: list[bytes] = []
+        size = 0
+        for part in self._parts(data):
+            out.append(part)
+            size += len(part)
+            if size >= OUT_BYTES:
+                yield b"".join(out)
+                out, size = [], 0
+        if out:
+            yield b"".join(out)
+
+    def _parts(self, data: bytes) -> Iterator[bytes]:
+        """``data`` decompressed, a call's output at a time: at most :data:`OUT_BYTES`
+        (gzip), or what at most :data:`ZSTD_STEP` of input makes (zstd)."""
+        if self._obj is None or not data:
+            return
+        try:
+            yield from (self._gzip_parts if self.kind == "gzip" else self._zstd_parts)(data)
+        except Permanent:
+            raise
+        except Exception as exc:
+            raise Permanent(f"corrupt {self.kind} data: {type(exc).__name__}: {exc}") from None
+
+    def _gzip_parts(self, data: bytes) -> Iterator[bytes]:
+        while True:
+            obj = self._obj
+            part = obj.decompress(data, OUT_BYTES)
+            data = self._ended(obj, obj.unconsumed_tail)
+            if part:
+                yield part
+            if not data and len(part) < OUT_BYTES:  # else zlib may hold more output
+                return
+
+    def _zstd_parts(self, data: bytes) -> Iterator[bytes]:
+        view, at = memoryview(data), 0  # slices of a view: the rest is never copied
+        while at < len(view):
+            obj, step = self._obj, self._step
+            part = obj.decompress(view[at : at + step])
+            self._step = _next_step(step, len(part))
+            at += step
+            self._inside = not obj.eof
+            if obj.eof:
+                view, at = memoryview(self._ended(obj, bytes(view[at:]))), 0
+            if part:
+                yield part
+
+    def _ended(self, obj: Any, rest: bytes) -> bytes:
+        """The input still to decompress after a call of ``obj`` that left ``rest`` of what
+        it was given: when its member or frame ended, what it read past the end first (the
+        next one's start), for a new decompressor."""
+        self._inside = not obj.eof
+        if not obj.eof or self._new is None:
+            return rest
+        self._obj = self._new()
+        return bytes(obj.unused_data) + rest
+
+
+def _next_step(step: int, made: int) -> int:
+    """The zstd input for the next call, after ``step`` bytes made ``made``: halved while
+    over :data:`OUT_BYTES`, doubled while under half of it, within 16 and
+    :data:`ZSTD_STEP`."""
+    if made > OUT_BYTES:
+        return max(16, step // 2)
+    return min(ZSTD_STEP, step * 2) if made < OUT_BYTES // 2 else step
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,17 +237,21 @@ class LineRuns:
             self._inflate = Inflate(self._compression)
             self._given, self._number = 0, 0
 
-    def feed(self, chunk: bytes) -> list[Run]:
-        """The runs of whole lines ``chunk`` completes, not given before."""
-        return self._lines_of(self._inflate.feed(chunk))
+    def feed(self, chunk: bytes) -> Iterator[list[Run]]:
+        """The runs of whole lines ``chunk`` completes, not given before: a list per piece
+        decompressed, each made when asked for."""
+        for piece in self._inflate.feed(chunk):
+            yield self._lines_of(piece)
 
-    def finish(self) -> list[Run]:
+    def finish(self) -> Iterator[list[Run]]:
         """The lines the input held completes, and the last line, when the file does not end
         with a newline."""
-        runs = self._lines_of(self._inflate.finish())
+        for piece in self._inflate.finish():
+            yield self._lines_of(piece)
         rest = b"".join(self._rest)
         self._rest, self._pending, self._marks = [], 0, None  # no line starts past the end
-        return runs + self._take([rest]) if rest.strip() else runs
+        if rest.strip():
+            yield self._take([rest])
 
     def _lines_of(self, piece: bytes) -> list[Run]:
         """The runs of whole lines ``piece`` (decompressed) completes."""
