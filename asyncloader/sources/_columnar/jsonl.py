@@ -31,7 +31,7 @@ import asyncio
 import io
 import json
 from collections import deque
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncloader.sources._columnar.arrow_rows import ArrowRows
@@ -208,18 +208,12 @@ class JsonlSource(ShardedSource):
             try:
                 async for chunk in chunks:
                     attempts.progressed()
-                    for runs in lines.feed(chunk):
-                        pending.add(runs, slc.skip, end)
-                        done = end is not None and lines.seen >= end
-                        async for sample in pending.ready(last=done):
-                            yield sample
-                        if done:
-                            return
-                for runs in lines.finish():  # and a last line without a newline
-                    pending.add(runs, slc.skip, end)
-                    async for sample in pending.ready(last=False):
+                    async for sample in pending.taking(lines.feed(chunk), lines, slc.skip, end):
                         yield sample
-                async for sample in pending.ready(last=True):
+                    if end is not None and lines.seen >= end:
+                        return
+                # and a last line without a newline
+                async for sample in pending.taking(lines.finish(), lines, slc.skip, end, True):
                     yield sample
                 _check_count(slc.shard, lines.seen, end, declared)
                 return
@@ -270,6 +264,28 @@ class _Pending:
                 kept = [Run(i, n, raw, 1) for i, n, raw in run.numbered() if skip <= i < stop]
             self._runs += kept
             self._bytes += sum(len(r.data) + 1 for r in kept)
+
+    async def taking(
+        self,
+        pieces: Iterator[list[Run]],
+        lines: LineRuns,
+        skip: int,
+        end: int | None,
+        last: bool = False,
+    ) -> AsyncGenerator[Any, None]:
+        """What can be yielded of the lines of ``pieces`` in ``[skip, end)``, a piece at a
+        time (the next piece is made once this one's lines are taken), all of it once
+        ``lines`` reached ``end`` or after the last piece with ``last``."""
+        for runs in pieces:
+            self.add(runs, skip, end)
+            done = end is not None and lines.seen >= end
+            async for sample in self.ready(last=done):
+                yield sample
+            if done:
+                return
+        if last:
+            async for sample in self.ready(last=True):
+                yield sample
 
     async def ready(self, last: bool) -> AsyncGenerator[Any, None]:
         """What can be yielded now: every line, or each block once full, and with ``last``
