@@ -25,6 +25,7 @@ TOY: dict[str, list[tuple[list[str], list[str], str]]] = {
         (["--toy", "--epochs"], [], "1 of 1 ended"),
     ],
     "columnar": [(["--toy"], ["pyarrow", "zstandard"], "columns=['id']:")],
+    "gc_handoff": [(["--toy"], ["pyarrow"], "rows made when taken")],
     "hf_datasets": [(["--toy"], ["datasets"], "AsyncLoader, 2 fetching")],
     "inmemory": [(["--toy"], [], "dicts | AsyncLoader forkserver")],
     "jpeg_shards": [(["--toy"], ["webdataset"], "| alone: ImageBatch uint8 |")],
