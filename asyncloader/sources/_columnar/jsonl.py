@@ -12,8 +12,8 @@ past the lines it had already given (a compressed stream has no byte offset to r
 
 Resuming an epoch from a saved state: a plain file is read from a byte offset at or before
 its first line still due. While reading a plain file the source notes, about every
-:data:`~.line_runs.MARK_BYTES`, which line starts at which byte (a fact about the file, whatever was
-delivered), and ``state_dict()`` carries the last :data:`MARKS_KEPT` marks of the last
+:data:`~.line_runs.MARK_BYTES`, which line starts at which byte (a fact about the file,
+whatever was delivered), and ``state_dict()`` carries the last :data:`MARKS_KEPT` marks of the last
 :data:`FILES_MARKED` files read; a resume starts at the last mark before its line, and reads
 past the lines between without parsing them. A compressed file, or a plain one without a mark
 (a state from another world size, or one that fell more than the marks cover behind the

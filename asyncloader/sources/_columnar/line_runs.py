@@ -84,6 +84,8 @@ class Inflate:
             raise Permanent(f"truncated {self.kind} data: the stream ended inside a frame")
 
     def _pieces(self) -> Iterator[bytes]:
+        """The input held, decompressed, in pieces of about :data:`OUT_BYTES`, each made
+        when asked for."""
         data = b"".join(self._input)
         self._input, self._held = [], 0
         out: list[bytes] = []
