@@ -166,10 +166,13 @@ class Run:
     count: int
 
     def numbered(self) -> Iterator[tuple[int, int, bytes]]:
-        """``(index, number, line)`` of each line."""
-        lines = self.data.split(b"\n") if self.count > 1 else [self.data]
-        for k, raw in enumerate(lines):
-            yield self.index + k, self.number + k, raw
+        """``(index, number, line)`` of each line, each cut out as it is asked for."""
+        data, start = self.data, 0
+        for k in range(self.count):
+            end = data.find(b"\n", start)
+            end = len(data) if end < 0 else end
+            yield self.index + k, self.number + k, data[start:end]
+            start = end + 1
 
     def split(self, size: int) -> tuple[Run, Run | None]:
         """The lines up to the first that ends at or past byte ``size`` of ``data``, and the
