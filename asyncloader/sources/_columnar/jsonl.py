@@ -292,11 +292,10 @@ class _Pending:
         the rest."""
         if not self._block:
             runs, self._runs, self._bytes = self._runs, [], 0
-            target = self._target
             for run in runs:
                 # each line cut out as it is taken (a newline left on, which JSON ignores)
                 for number, raw in enumerate(io.BytesIO(run.data), run.number):
-                    yield {"__url__": target, "__key__": f"line {number}", "line": raw}
+                    yield self._line(number, raw)
             return
         while self._runs and (self._bytes >= self._block or last):
             block = self._take_block()
