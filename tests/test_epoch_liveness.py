@@ -21,7 +21,7 @@ import pytest
 from asyncloader import AsyncLoader
 from tests.helpers.depth import scaled
 from tests.helpers.schedules import Schedule, run_block
-from tests.helpers.virtual_clock import VirtualClockLoop, virtual_time
+from tests.helpers.virtual_clock import VirtualClockLoop, deadline, virtual_time
 
 RUNS = scaled(160)
 
@@ -160,7 +160,7 @@ def simulate(seed: int) -> None:
     with virtual_time(VirtualClockLoop()) as loop:
 
         async def main() -> None:
-            async with asyncio.timeout(run.bound()):
+            async with deadline(run.bound()):
                 for _ in range(run.epochs):
                     run.schedule.calls.clear()
                     got: list[int] = []

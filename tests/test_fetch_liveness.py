@@ -22,7 +22,7 @@ from asyncloader._tuning.io_limit import FetchTuner
 from asyncloader._worker.fetch import Fetcher
 from tests.helpers.depth import scaled
 from tests.helpers.schedules import Schedule, run_block
-from tests.helpers.virtual_clock import VirtualClockLoop, virtual_time
+from tests.helpers.virtual_clock import VirtualClockLoop, deadline, virtual_time
 
 RUNS = scaled(400)
 
@@ -160,7 +160,7 @@ def simulate(seed: int) -> None:
     with virtual_time(VirtualClockLoop()) as loop:
 
         async def main() -> tuple[Fetcher | None, list[int], int]:
-            async with asyncio.timeout(epoch.bound()):
+            async with deadline(epoch.bound()):
                 return await drive(epoch, rng)
 
         fetcher, received, top = loop.run_until_complete(main())

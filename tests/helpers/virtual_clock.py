@@ -9,6 +9,8 @@ When every task waits and no timer is set, nothing can ever wake them on a loop 
 simulates: that is a hang, and :class:`Stuck` is raised out of ``run_until_complete`` with
 every task's stack, instead of waiting for ever. Callbacks from other threads (a thread pool's
 results) still arrive: before declaring a hang the loop waits ``idle_s`` of real time for one.
+A run that never goes idle (a timer keeps firing) is bounded by :func:`deadline`, which
+raises :class:`Stuck` with the same stacks, taken before anything is cancelled.
 
 :func:`virtual_time` also points the library's measuring clock (``perf_counter`` read through
 the module-level name ``now``) at the loop's, so the io tuner judges its rounds in virtual
@@ -23,7 +25,7 @@ import io
 import selectors
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 
@@ -90,6 +92,35 @@ def all_tasks_text(loop: asyncio.AbstractEventLoop) -> str:
         out.write(f"--- {task.get_name()}\n")
         task.print_stack(limit=8, file=out)
     return out.getvalue()
+
+
+@contextlib.asynccontextmanager
+async def deadline(seconds: float) -> AsyncIterator[None]:
+    """Bounds the block to ``seconds`` of (virtual) time, as ``asyncio.timeout`` does, except
+    that on expiry every task's stack is taken first, while the hang is intact (the loader's
+    shutdown would cancel what is stuck), and :class:`Stuck` carries it."""
+    loop = asyncio.get_running_loop()
+    stacks: list[str] = []
+    timer: asyncio.TimerHandle | None = None
+    try:
+        async with asyncio.timeout(None) as scope:
+
+            def expire() -> None:
+                stacks.append(all_tasks_text(loop))
+                scope.reschedule(loop.time())
+
+            timer = loop.call_later(seconds, expire)
+            yield
+    except TimeoutError as exc:
+        if not stacks:
+            raise
+        raise Stuck(
+            f"still running at t={loop.time():.3f}, past its bound of {seconds:.3f} s; "
+            f"every task when the bound passed:\n{stacks[0]}"
+        ) from exc
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _clock_users() -> list[tuple[Any, str]]:

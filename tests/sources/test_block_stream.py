@@ -16,7 +16,7 @@ from asyncloader._base import TAKE, RowBlock
 from asyncloader.sources._sharded.shardplan import Slice
 from asyncloader.sources._sharded.stream import SKIPPED_POSITION, Position, ShardStream
 from tests.helpers.depth import scaled
-from tests.helpers.virtual_clock import VirtualClockLoop, virtual_time
+from tests.helpers.virtual_clock import VirtualClockLoop, deadline, virtual_time
 
 
 class ListRows(RowBlock):
@@ -88,7 +88,7 @@ def simulate(seed: int) -> None:
 
         async def main() -> list[Any]:
             try:
-                async with asyncio.timeout(60 + 0.3 * sum(lengths)):
+                async with deadline(60 + 0.3 * sum(lengths)):
                     return await consume()
             finally:
                 await stream.aclose()
