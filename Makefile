@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test check compat-baseline lint bench bench-quick bench-probes clean
+.PHONY: demo test check stress compat-baseline lint bench bench-quick bench-probes clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,32 +21,37 @@ $(VENV)/.bench-installed: pyproject.toml constraints.txt | $(PY)
 demo: $(VENV)/.dev-installed
 	$(PY) examples/http_demo.py
 
-# One pytest process: beside a second one (pytest-xdist), the Ctrl-C tests saw their scripts,
-# DataLoader's and AsyncLoader's alike, outlive the SIGINT by 90 s, twice in three full runs,
-# not yet explained. make check runs its tier in two.
-test: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
-	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
+# The tiers are folders of tests/ (README, "Tests"): unit (no process), integration (forked
+# workers, local servers), system (fresh interpreters, jobs, browsers, external servers) and
+# stress (soak, fuzzing at depth, Ray, store faults, the upstream suites).
+LINT := $(VENV)/bin/ruff check asyncloader tests examples benchmarks && \
+	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks && \
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-# The tier for every edit: lint, format, types and the tests not marked slow (no fresh venv, no job of
-# several interpreters, no Ray, trainer, external store, soak or fuzz matrix; tests/conftest.py).
+# The tier for every edit (2 minutes on 2 cores): lint, format, types, and the unit and
+# integration tiers at quick depth (a quarter of the randomised schedules).
 check: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
-	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
-	$(PY) -m mypy
-	ASYNCLOADER_TEST_DEPTH=quick $(PY) -m pytest -q -n 2 -m "not slow"
+	$(LINT)
+	ASYNCLOADER_TEST_DEPTH=quick $(PYTEST) -n 2 tests/unit tests/integration
 
-# PyTorch's and torchdata's own DataLoader tests (tests/compat) against DataLoader and
+# Everything but stress (10 minutes on 2 cores), in two processes.
+test: $(VENV)/.dev-installed
+	$(LINT)
+	$(PYTEST) -n 2 tests/unit tests/integration tests/system
+
+# The soak, fuzzing at depth, Ray, store faults and the upstream suites (CI runs it after make
+# test).
+stress: $(VENV)/.dev-installed
+	$(PYTEST) -n 2 tests/stress
+
+# PyTorch's and torchdata's own DataLoader tests (tests/stress/compat) against DataLoader and
 # StatefulDataLoader themselves: which of them pass here at all (docs/compatibility.md).
 compat-baseline: $(VENV)/.dev-installed
-	ASYNCLOADER_COMPAT_TARGET=upstream $(PY) -m pytest -q tests/compat
+	ASYNCLOADER_COMPAT_TARGET=upstream $(PY) -m pytest -q tests/stress/compat
 
 lint: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check asyncloader tests examples benchmarks
-	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks
-	$(PY) -m mypy
+	$(LINT)
 
 # The side-by-side benchmark of DataLoader, torchdata.nodes, spdl and asyncloader (~20 min on
 # 2 cores): the summary in benchmarks/results/ (committed) and docs/benchmarks.md's latest run,
@@ -60,16 +65,16 @@ bench-quick: $(VENV)/.bench-installed
 	$(PY) -m benchmarks.bench --quick
 
 # Every probe (benchmarks/probes/), the side-by-side command and bench --quick on one workload
-# at toy size (tests/test_bench_probes.py, a few minutes): checks that they still run.
+# at toy size (tests/stress/project/test_bench_probes.py, a few minutes): they still run.
 bench-probes: $(VENV)/.bench-installed
-	$(PY) -m pytest -q -m slow tests/test_bench_probes.py
+	$(PY) -m pytest -q tests/stress/project/test_bench_probes.py
 
-# The tar fuzz suite at nightly size (tests/test_fuzz_tar.py, which CI runs with 10,000
+# The tar fuzz suite at nightly size (tests/stress/sources/test_fuzz_tar.py, which CI runs with 10,000
 # cases): FUZZ_CASES generated and mutated archives (default 200,000: about 10 min on 2 cores).
 FUZZ_CASES ?= 200000
 .PHONY: fuzz
 fuzz: $(VENV)/.dev-installed
-	ASYNCLOADER_FUZZ_CASES=$(FUZZ_CASES) $(PY) -m pytest -q -s --timeout 7200 tests/test_fuzz_tar.py
+	ASYNCLOADER_FUZZ_CASES=$(FUZZ_CASES) $(PY) -m pytest -q -s --timeout 7200 tests/stress/sources/test_fuzz_tar.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

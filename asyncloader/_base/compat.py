@@ -230,10 +230,10 @@ def peer_uid(sock: socket.socket) -> int | None:
 def shuffled_batches(batch_sampler: Any) -> Iterator[list[int]] | None:
     """torch's own ``BatchSampler`` over its own ``RandomSampler`` (no replacement, one
     permutation an epoch: what ``shuffle=True`` builds), iterated as torch 2.13 iterates it
-    (``tests/test_shuffled_batches.py`` compares the two, so a release that changes torch's
-    draws fails there): the same batches from the same generator draws, made at the same points (the
-    permutation at the first batch, the trailing ``randperm`` torch draws for
-    ``num_samples % n`` when the permutation runs out). Each batch is sliced from the
+    (``tests/integration/base/test_shuffled_batches.py`` compares the two, so a release that
+    changes torch's draws fails there): the same batches from the same generator draws, made
+    at the same points (the permutation at the first batch, the trailing ``randperm`` torch
+    draws for ``num_samples % n`` when the permutation runs out). Each batch is sliced from the
     permutation, where torch turns the whole permutation into a Python list before the first
     batch (15 ms for 262,144 samples, 40-55 ms for a million) and steps a generator per index.
     ``None`` for any other sampler, a subclass included: iterate it as it is."""

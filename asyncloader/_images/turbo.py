@@ -18,7 +18,7 @@ edges what it sees in a full decode. Likewise one row above and one below: the f
 (vertical fancy upsampling, 4:2:0 and 4:4:0), and that row is then outside the box. And at
 least two iMCUs wide (or to the image's edge): libjpeg upsamples a component only two samples
 wide or less without fancy upsampling, so a narrower region would change the method.
-tests/test_images.py compares the two over many boxes, sizes and subsamplings.
+tests/integration/images/test_images.py compares the two over many boxes, sizes and subsamplings.
 
 Everything here returns ``None`` instead of raising when the fast path cannot decode an image
 (no library, not a JPEG, CMYK/YCCK, not 8-bit, a warning or an error from libjpeg): the caller

@@ -1,8 +1,10 @@
 """Contract checkers: each checks one guarantee of the loader, through its public API only.
 
-tests/test_contracts.py runs every checker over every kind of source and placement; the state
+tests/integration/test_contracts.py runs every checker over every kind of source and placement; the
+state
 and sharded-resume tests use ``check_resume`` too. A checker raises AssertionError saying
-what broke; tests/test_contracts.py also feeds each one a wrong run to show that it can fail.
+what broke; tests/integration/test_contracts.py also feeds each one a wrong run to show that it can
+fail.
 
 The order and exactly-once checkers take batches as lists of sample ids (``epoch(loader,
 key)`` with a ``key`` that maps a batch to its ids); the resume checker compares whatever

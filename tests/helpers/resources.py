@@ -1,4 +1,4 @@
-"""What a process tree holds, for the soak (tests/test_soak.py): memory, files, threads, and
+"""What a process tree holds, for the soak (tests/stress/test_soak.py): memory, files, threads, and
 shared memory, read from /proc and psutil (Linux).
 
 A :class:`Usage` is one reading of the training process and its workers; :func:`growth`

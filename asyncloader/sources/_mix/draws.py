@@ -84,7 +84,7 @@ def random_chunk(key: str) -> np.ndarray:
     seeds its Mersenne Twister from a str by ``init_by_array`` over the 32-bit words (least
     significant first) of the int of ``key`` and its SHA-512, and makes each double from two
     outputs, as numpy's ``RandomState`` (whose stream numpy keeps frozen) does once seeded
-    with the same words; tests/sources/test_mix.py checks the two agree."""
+    with the same words; tests/integration/sources/test_mix.py checks the two agree."""
     stream = getattr(_STREAMS, "stream", None)
     if stream is None:
         stream = _STREAMS.stream = np.random.RandomState()

@@ -29,7 +29,7 @@ the consumer has taken to their end (releasing ``_ahead``) and whose readers hav
 (releasing ``_reading``). So the slice waited on is always being read. Taking blocks
 (``__asyncloader_take__``) waits on the same queues in the same order and ends a slice the
 same way (``_end_slice`` releases its ``_ahead`` permit at its ``_END``), so the argument
-holds for it too (tests/sources/test_block_stream.py, on a virtual clock).
+holds for it too (tests/unit/sources/test_block_stream.py, on a virtual clock).
 
 Structured: the readers are tasks of one TaskGroup owned by the launcher task; its first
 error is handed to the consumer (whichever queue it waits on). Closing the stream cancels

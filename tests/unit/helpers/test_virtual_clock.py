@@ -71,6 +71,8 @@ def test_a_timeout_of_the_blocks_own_is_not_taken_for_a_hang():
 
 def test_every_task_waiting_with_no_timer_is_stuck_at_once():
     """With no timer at all, the loop itself raises :class:`Stuck` (no deadline needed)."""
-    with virtual_time(VirtualClockLoop(idle_s=0.01)) as loop:
-        with pytest.raises(Stuck, match="every task waits and no timer is set"):
-            loop.run_until_complete(asyncio.Event().wait())
+    with (
+        virtual_time(VirtualClockLoop(idle_s=0.01)) as loop,
+        pytest.raises(Stuck, match="every task waits and no timer is set"),
+    ):
+        loop.run_until_complete(asyncio.Event().wait())
