@@ -57,6 +57,24 @@ def seaweed():
         yield server
 
 
+@pytest.fixture
+def http_server():
+    """Starts ``FaultyHTTPServer(objects, faults, upstream)`` on 127.0.0.1 (a thread of this
+    process); stops it after the test."""
+    from tests.servers import Faults, FaultyHTTPServer  # needs aiohttp: only where it is used
+
+    started = []
+
+    def start(objects, faults=None, upstream=None):
+        server = FaultyHTTPServer(objects, faults or Faults(), upstream)
+        started.append(server.__enter__())
+        return server
+
+    yield start
+    for server in started:
+        server.__exit__(None, None, None)
+
+
 @pytest.fixture(autouse=True)
 def _ctrl_c_left_as_found():
     """Fails the test that leaves SIGINT ignored, blocked or handled otherwise in this process:

@@ -199,31 +199,49 @@ def check_resume(
     save_with: dict | None = None,
     resume_with: dict | None = None,
 ) -> None:
-    """Resume: stop after k batches, for each k of ``points`` (every position, 0 to the
-    epoch's length, when None), round-trip ``state_dict()`` through JSON, load it into a
-    fresh ``make_loader(**resume_with)`` and finish the epoch there.
+    """Resume: the state after k batches, for each k of ``points`` (every position, 0 to the
+    epoch's length, when None), taken in one epoch and round-tripped through JSON, loaded
+    into a fresh ``make_loader(**resume_with)`` that finishes the epoch there.
 
-    With ``in_order`` the batches before the stop and after the resume equal the
-    uninterrupted epoch's, batch for batch; without, together they are its batches, each
-    once. ``save_with`` and ``resume_with`` are the two loaders' own keyword arguments.
+    With ``in_order`` the batches after the resume equal the uninterrupted epoch's after k,
+    batch for batch; without, together with its first k they are its batches, each once.
+    ``save_with`` and ``resume_with`` are the two loaders' own keyword arguments.
     """
     save_with, resume_with = save_with or {}, resume_with or {}
-    reference = epoch(make_loader(**save_with), key)
-    for k in range(len(reference) + 1) if points is None else points:
-        first = make_loader(**save_with)
-        it = iter(first)
-        seen = [key(next(it)) for _ in range(k)]
-        state = json.loads(json.dumps(first.state_dict()))
-        it.close()
+    reference, states = _epoch_with_states(make_loader(**save_with), key, points)
+    for k, state in states.items():
         second = make_loader(**resume_with)
         second.load_state_dict(state)
         rest = epoch(second, key)
         if in_order:
-            assert seen == reference[:k], f"stopped after {k}: the batches before differ"
             assert rest == reference[k:], f"resumed after {k}: the batches after differ"
         else:
-            as_text = [json.dumps(b) for b in seen + rest]
+            as_text = [json.dumps(b) for b in reference[:k] + rest]
             check_exactly_once([as_text], (json.dumps(b) for b in reference))
+
+
+def _epoch_with_states(
+    loader: Any, key: Callable[[Any], Any], points: Iterable[int] | None
+) -> tuple[list, dict[int, dict]]:
+    """One epoch of ``loader`` (as ``key(batch)``) and its ``state_dict()`` after each k
+    batches of ``points`` (every k when None), each through JSON as a checkpoint file
+    carries it, taken while the epoch runs on, as a training loop checkpoints."""
+    wanted = None if points is None else set(points)
+    states: dict[int, dict] = {}
+    batches: list = []
+
+    def keep(k: int) -> None:
+        if wanted is None or k in wanted:
+            states[k] = json.loads(json.dumps(loader.state_dict()))
+
+    it = iter(loader)
+    keep(0)
+    for batch in it:
+        batches.append(key(batch))
+        keep(len(batches))
+    missing = set() if wanted is None else wanted - states.keys()
+    assert not missing, f"resume points {sorted(missing)} are past the epoch's {len(batches)}"
+    return batches, states
 
 
 def state_after(loader: Any, k: int) -> dict:

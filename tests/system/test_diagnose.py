@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""``python -m asyncloader.diagnose`` in a fresh interpreter (its functions in this
+process: tests/unit/test_diagnose.py)."""
 
 import subprocess
 import sys

@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""DataLoader's ``iterator._workers`` in every placement, the fork server's included
+(the rest of the drop-in contract: tests/integration/test_dropin.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""A job of two ranks writes a trace per rank, and ``python -m asyncloader.trace merge``
+joins them (the rest of the trace's tests: tests/integration/test_trace.py)."""
 
 from __future__ import annotations
 

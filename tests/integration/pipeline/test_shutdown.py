@@ -18,6 +18,7 @@ from tests.helpers import (
     loader_threads,
     worker_processes,
 )
+from tests.helpers.depth import scaled
 from tests.helpers.sources import RELEASE_STUCK, STUCK_REACHED, StuckSource
 
 
@@ -32,12 +33,12 @@ def clean():
 
 
 def test_one_hundred_breaks_mid_epoch_leave_nothing_behind(clean):
-    """100 epochs broken off mid-way: each one's workers and threads are gone right after;
-    the loader's loop thread, which its epochs share, goes with close()."""
+    """100 epochs broken off mid-way (25 at quick depth): each one's workers and threads are
+    gone right after; the loader's loop thread, which its epochs share, goes with close()."""
     threads, procs = loader_threads(), worker_processes()
     epoch_before = epoch_threads()
     loader = AsyncLoader(SyncSource(400), batch_size=4, num_workers=2)
-    for cycle in range(100):
+    for cycle in range(scaled(100)):
         for k, _ in enumerate(loader):
             if k == cycle % 5:
                 break

@@ -48,6 +48,7 @@ from asyncloader.sources._redact import (
     redact_url,
     url_secrets,
 )
+from tests.helpers.depth import scaled
 from tests.servers import Faults, FaultyHTTPServer
 
 _URL_SPECIAL = "+/=&?#%@:;, !$'()*[]~\"<>\\^`{|}"
@@ -327,7 +328,7 @@ def _run_paths(secrets: Secrets, servers: Servers, workers: int) -> list[tuple[s
 
 @pytest.mark.parametrize("workers", [0, 2])
 @settings(
-    max_examples=4,
+    max_examples=scaled(4),
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking: 2 s an example
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -357,7 +358,7 @@ def _yarl_value(token: str) -> str:
     return str(URL.build(scheme="http", host="h", query={"v": token})).partition("v=")[2]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=scaled(150), deadline=None)
 @given(token=ANY_TOKEN)
 def test_every_encoding_of_a_secret_is_hidden(token):
     """A secret is hidden raw, decoded, percent-encoded with any safe set and either case of
@@ -370,7 +371,7 @@ def test_every_encoding_of_a_secret_is_hidden(token):
         assert form not in shown and "***" in shown, (form, shown)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=scaled(100), deadline=None)
 @given(user=TOKEN, password=TOKEN, query=TOKEN)
 def test_url_credentials_are_hidden_by_shape(user, password, query):
     """Any URL in any text loses its user-info (user and password) and query values, known
@@ -436,7 +437,7 @@ PART_TOKEN = st.builds(
 
 
 @pytest.mark.parametrize("make", HEADERS + OPTIONS)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=scaled(25), deadline=None)
 @given(token=PART_TOKEN)
 def test_credential_headers_and_storage_options_are_hidden_alone(make, token):
     """The token inside each credential header and storage option is hidden even where a

@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""A dataset's shared-list field under spawned workers (fresh interpreters); the rest:
+tests/integration/base/test_shared_list.py."""
 
 from __future__ import annotations
 

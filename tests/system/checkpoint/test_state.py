@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""A training script SIGKILLed mid-epoch resumes from its last checkpoint, and the two runs
+together deliver every sample once (the state format: tests/integration/checkpoint/)."""
 
 import json
 import os

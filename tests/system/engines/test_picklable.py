@@ -1,4 +1,6 @@
-"""TODO docstring"""
+"""What the workers must be able to receive, under start methods that pickle: a dataset
+that leaves its handle out starts under spawn, and a class of a ``__main__`` without a file
+(the checks that refuse before any process starts: tests/integration/engines/test_picklable.py)."""
 
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from tests.integration.engines.test_picklable import (
     ROOT,
     DropsHandle,
 )
+from tests.integration.engines.test_picklable import handle_file as handle_file  # a fixture
 
 
 def test_what_pickles_passes_and_the_fix_works(handle_file):

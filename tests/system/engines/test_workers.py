@@ -1,4 +1,6 @@
-"""TODO docstring"""
+"""Workers started as fresh interpreters (spawn, the fork server) and a script that forks
+while a loader is collected: the dataset is shipped once per worker, crashes and
+``worker_init_fn`` errors are reported as under fork (tests/integration/engines/test_workers.py)."""
 
 import os
 import signal

@@ -1,4 +1,6 @@
-"""TODO docstring"""
+"""The disk cache where it meets other processes and stores: a torchrun job whose ranks
+and workers download each shard once, and SeaweedFS objects and shards cold then warm (the
+rest: tests/integration/sources/test_disk_cache.py)."""
 
 from __future__ import annotations
 

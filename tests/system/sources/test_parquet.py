@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""ParquetSource over ``s3://``, against SeaweedFS (the rest: tests/integration/sources/
+test_parquet.py)."""
 
 from __future__ import annotations
 

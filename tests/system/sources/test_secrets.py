@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""No token of an object-store source leaves a failure's text, against SeaweedFS (the
+other sources and the redactor: tests/integration/sources/test_secrets.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.integration.sources.test_secrets import (
     assert_hidden,
     exception_texts,
 )
+from tests.integration.sources.test_secrets import logfile as logfile  # a fixture
 
 
 @settings(

@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""An S3 object rewritten between two ranged reads is refused, against SeaweedFS (the
+other stores: tests/unit/sources/test_stream_changes.py)."""
 
 import asyncio
 

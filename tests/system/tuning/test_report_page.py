@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""The report page in a real browser (headless Chromium) and from ``python -m
+asyncloader.diagnose`` in a fresh interpreter (the page itself: tests/integration/tuning/)."""
 
 from __future__ import annotations
 

@@ -252,11 +252,14 @@ class Interrupted:
     family: int
     script_exit_s: float
     all_exit_s: float
+    deaf: str = ""  # how the script treated SIGINT when it was sent: "", "ignored", "blocked"
 
     def problems(self, tracebacks: bool = True) -> list[str]:
         """What went wrong; ``tracebacks=False`` leaves out the count of tracebacks."""
         result = self.result
         problems = []
+        if self.deaf:
+            problems.append(f"the script had SIGINT {self.deaf} (inherited from the test process?)")
         if self.started != "started":
             problems.append(f"printed {self.started!r} before the SIGINT, not 'started'")
         if result.rc != -signal.SIGINT:
@@ -287,6 +290,7 @@ def interrupt(loader: str, to_group: bool, tmp_path: Path) -> Interrupted:
         started = run.line(START_S)
         script = run.script()
         family = len(script.children(recursive=True))
+        deaf = sigint_state(script.pid)
         sent = time.monotonic()
         if to_group:
             os.killpg(script.pid, signal.SIGINT)
@@ -294,15 +298,28 @@ def interrupt(loader: str, to_group: bool, tmp_path: Path) -> Interrupted:
             script.send_signal(signal.SIGINT)
         result = run.finish(deadline)
     last = max(result.report["exited"], result.report["last_descendant_exit"])
-    return Interrupted(result, started, family, result.report["exited"] - sent, last - sent)
+    return Interrupted(result, started, family, result.report["exited"] - sent, last - sent, deaf)
+
+
+def sigint_state(pid: int) -> str:
+    """How process ``pid``'s main thread treats SIGINT, from ``/proc/PID/status``: "ignored",
+    "blocked", or "" (delivered). A process started from one that ignores or blocks SIGINT
+    inherits that, and a Ctrl-C then never reaches it."""
+    fields = dict(
+        line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if ":\t" in line
+    )  # fmt: skip
+    bit = 1 << (signal.SIGINT - 1)
+    if int(fields["SigIgn"], 16) & bit:
+        return "ignored"
+    return "blocked" if int(fields["SigBlk"], 16) & bit else ""
 
 
 @pytest.mark.parametrize("name", list(INTERRUPTS))
 def test_ctrl_c_mid_epoch_ends_the_script_and_its_processes(name, tmp_path):
     """SIGINT mid-epoch ends either loader's script by KeyboardInterrupt, all of it in 5 s."""
-    # Children inherit an ignored SIGINT: a test before this one that set a worker up in this
-    # process (SIGINT ignored there) would leave every script deaf to the SIGINT.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Children inherit an ignored or blocked SIGINT: tests/conftest.py fails any test that
+    # leaves it so in this process, and the run says if the script had it (sigint_state).
     got = interrupt("async", INTERRUPTS[name], tmp_path)
     print(got.describe())
     assert got.family >= 2, f"AsyncLoader: no workers\n{got.describe()}"

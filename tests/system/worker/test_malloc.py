@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""Freed memory kept for the next batch, measured in a fresh interpreter's page faults
+(the allocator's settings in the workers: tests/integration/worker/test_malloc.py)."""
 
 from tests.integration.worker.test_malloc import PAGES, faults_in_fresh_process
 
