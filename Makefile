@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test check stress compat-baseline lint bench bench-quick bench-probes clean
+.PHONY: demo test check stress coverage compat-baseline lint bench bench-quick bench-probes clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,23 +27,35 @@ demo: $(VENV)/.dev-installed
 LINT := $(VENV)/bin/ruff check asyncloader tests examples benchmarks && \
 	$(VENV)/bin/ruff format --check asyncloader tests examples benchmarks && \
 	$(PY) -m mypy
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+PYTEST := $(PY) -m pytest -q
 
 # The tier for every edit (2 minutes on 2 cores): lint, format, types, and the unit and
-# integration tiers at quick depth (a quarter of the randomised schedules).
+# integration tiers at quick depth (a quarter of the randomised schedules). Three processes: a
+# third of these tests' time is waiting (latencies, workers starting), which a third fills.
 check: $(VENV)/.dev-installed
 	$(LINT)
-	ASYNCLOADER_TEST_DEPTH=quick $(PYTEST) -n 2 tests/unit tests/integration
+	ASYNCLOADER_TEST_DEPTH=quick $(PYTEST) -n 3 --dist worksteal tests/integration tests/unit
 
-# Everything but stress (10 minutes on 2 cores), in two processes.
+# Everything but stress (10 minutes on 2 cores), in two processes; the system tier's long jobs
+# go first so that the short tests fill the gaps at the end; the Ctrl-C tests run one after the
+# other in one process (xdist_group "ctrl-c").
 test: $(VENV)/.dev-installed
 	$(LINT)
-	$(PYTEST) -n 2 tests/unit tests/integration tests/system
+	$(PYTEST) -n 2 --dist loadgroup tests/system tests/integration tests/unit
 
 # The soak, fuzzing at depth, Ray, store faults and the upstream suites (CI runs it after make
 # test).
 stress: $(VENV)/.dev-installed
-	$(PYTEST) -n 2 tests/stress
+	$(PYTEST) -n 2 --dist loadgroup tests/stress
+
+# Line coverage of the package per tier and in total, and the lines only the stress tier covers
+# (all four tiers with coverage: about as long as make test and make stress together).
+coverage: $(VENV)/.dev-installed
+	rm -rf .coverage-tiers && mkdir .coverage-tiers
+	for tier in unit integration system stress; do \
+		COVERAGE_FILE=.coverage-tiers/$$tier $(PYTEST) -n 2 --cov --cov-report= tests/$$tier || exit 1; \
+	done
+	$(PY) -m tests.helpers.coverage_tiers .coverage-tiers
 
 # PyTorch's and torchdata's own DataLoader tests (tests/stress/compat) against DataLoader and
 # StatefulDataLoader themselves: which of them pass here at all (docs/compatibility.md).

@@ -315,6 +315,7 @@ def sigint_state(pid: int) -> str:
     return "blocked" if int(fields["SigBlk"], 16) & bit else ""
 
 
+@pytest.mark.xdist_group("ctrl-c")  # one at a time, in one process (make test)
 @pytest.mark.parametrize("name", list(INTERRUPTS))
 def test_ctrl_c_mid_epoch_ends_the_script_and_its_processes(name, tmp_path):
     """SIGINT mid-epoch ends either loader's script by KeyboardInterrupt, all of it in 5 s."""
