@@ -36,9 +36,8 @@ check: $(VENV)/.dev-installed
 	$(LINT)
 	ASYNCLOADER_TEST_DEPTH=quick $(PYTEST) -n 3 --dist worksteal tests/integration tests/unit
 
-# Everything but stress (10 minutes on 2 cores), in two processes; the system tier's long jobs
-# go first so that the short tests fill the gaps at the end; the Ctrl-C tests run one after the
-# other in one process (xdist_group "ctrl-c").
+# Everything but stress (10 minutes on 2 cores), in two processes, the system tier's long jobs
+# first; the Ctrl-C tests run one after the other in one process (xdist_group "ctrl-c").
 test: $(VENV)/.dev-installed
 	$(LINT)
 	$(PYTEST) -n 2 --dist loadgroup tests/system tests/integration tests/unit

@@ -1,12 +1,5 @@
-"""The loader's contracts, each checked by one checker of tests/helpers/contracts.py, over every
-kind of source and placement: order, exactly-once, bounded window, clean shutdown, resume,
-random draws in the workers repeating with the same seed.
-
-KINDS is the table of sources; each kind names in ``cannot`` what it cannot do and why, and
-the tests check what it does instead (a stream without state_dict() keeps the resume contract
-by being replayed, and must say so). The last tests feed each checker a wrong run, to show
-that it can fail.
-"""
+"""Each checker of tests/helpers/contracts.py fed a run that breaks its contract: the
+checkers that tests/helpers/contract_matrix.py runs over every source and placement can fail."""
 
 from __future__ import annotations
 
@@ -17,10 +10,7 @@ import pytest
 import torch
 
 from asyncloader import AsyncLoader
-from tests.helpers import (
-    Draws,
-    SyncSource,
-)
+from tests.helpers import Draws, SyncSource
 from tests.helpers.contracts import (
     check_bounded_window,
     check_clean_shutdown,
