@@ -440,3 +440,20 @@ def test_a_tampered_state_is_refused_naming_the_field_and_the_loader_resumes_as_
 
     tamper()
     assert batches(loader) == reference[k:]
+
+
+def test_a_state_without_its_sources_state_in_any_layout_is_refused():
+    """Neither ``dataset_state``/``fetcher_state`` (read in this process) nor ``_snapshot``
+    (workers iterating their copies): refused, naming ``dataset_state``."""
+    state = state_after(_in_process(), 2)
+    assert "dataset_state" in state
+    bare = {k: v for k, v in state.items() if k not in ("dataset_state", "fetcher_state")}
+    refused(_in_process(), bare, "dataset_state")
+
+
+def test_a_version_3_source_state_of_one_iteration_needs_its_dataset_and_iterator():
+    """A version-3 ``source_state`` of one iteration without its ``iterator``: refused."""
+    old = _version_3(state_after(_in_process(), 2))
+    del old["source_state"]["iterator"]
+    message = refused(_in_process(), old, "source_state")
+    assert "must hold 'dataset' and 'iterator'" in message

@@ -8,8 +8,6 @@ import textwrap
 
 import pytest
 
-import asyncloader._engines.start_method as start_method
-from asyncloader._engines.start_method import _guarded_lines, _is_main_test
 from tests.helpers.paths import REPO
 
 ROOT = REPO
@@ -103,37 +101,3 @@ def test_the_fork_server_starts_with_the_loader_when_it_will_be_needed(tmp_path)
     code, out, err = run_script(tmp_path, body, thread=True)
     assert code == 0, err
     assert out.split() == ["after-default", "False", "after-forkserver", "True"]
-
-
-def test_default_start_method_is_multiprocessings_default(monkeypatch):
-    """No start method named: multiprocessing's default, as DataLoader (fork on Linux before
-    3.14), or the one set with set_start_method."""
-    import multiprocessing
-
-    expected = (
-        multiprocessing.get_start_method(allow_none=True)
-        or (multiprocessing.get_all_start_methods()[0])
-    )
-    assert start_method.default_mp_context().get_start_method() == expected
-    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
-    assert start_method.default_mp_context().get_start_method() == "spawn"
-
-
-def test_main_guard_detection():
-    """Only `if __name__ == "__main__":` at top level (either way round) counts as a guard."""
-    import ast
-
-    def test_of(src):
-        return ast.parse(src).body[0].test
-
-    assert _is_main_test(test_of('if __name__ == "__main__": pass'))
-    assert _is_main_test(test_of('if "__main__" == __name__: pass'))
-    assert not _is_main_test(test_of('if __name__ != "__main__": pass'))
-    assert not _is_main_test(test_of("if x == '__main__': pass"))
-
-
-def test_guarded_lines_cover_the_whole_block(tmp_path):
-    """Every line of a main block counts as guarded, none outside it."""
-    script = tmp_path / "s.py"
-    script.write_text('a = 1\nif __name__ == "__main__":\n    b = 2\n    c = 3\nd = 4\n')
-    assert _guarded_lines(str(script)) == frozenset({2, 3, 4})

@@ -303,3 +303,14 @@ def test_requests_left_by_a_loop_closed_before_its_flush_leave_with_the_next_loo
 
     asyncio.run(ask_again())
     assert sent(actors) == [0, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_a_flush_due_when_the_engine_stops_sends_nothing():
+    """Requests of a turn whose flush runs after stop(): cancelled, and no call is made."""
+    workers, actors = fake_workers()
+    futures = submit(workers, range(2))
+    workers.stop()
+    await turn_ended()
+    assert actors[0].calls == actors[1].calls == []
+    assert all(f.cancelled() for f in futures)
