@@ -13,7 +13,7 @@ from asyncloader._engines.local_pool import stop_processes
 def _deaf_to_sigterm(ready) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     ready.set()
-    time.sleep(60)
+    signal.pause()  # returns on no signal: only SIGKILL ends it
 
 
 def test_processes_past_the_grace_are_terminated_then_killed():
@@ -22,7 +22,7 @@ def test_processes_past_the_grace_are_terminated_then_killed():
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Event()
     quick = ctx.Process(target=time.sleep, args=(0.05,))
-    sleeper = ctx.Process(target=time.sleep, args=(60,))
+    sleeper = ctx.Process(target=signal.pause)  # until a signal ends it
     deaf = ctx.Process(target=_deaf_to_sigterm, args=(ready,))
     for proc in (quick, sleeper, deaf):
         proc.start()

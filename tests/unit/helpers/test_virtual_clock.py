@@ -12,7 +12,7 @@ from tests.helpers.virtual_clock import Stuck, VirtualClockLoop, deadline, virtu
 
 async def _tick_for_ever() -> None:
     while True:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # a timer on the virtual clock: the loop never goes idle
 
 
 def test_a_run_past_its_deadline_raises_stuck_with_the_stacks_before_cancelling():
@@ -48,7 +48,7 @@ def test_a_run_that_ends_in_time_is_untouched():
 
         async def main() -> int:
             async with deadline(10.0):
-                await asyncio.sleep(9.0)
+                await asyncio.sleep(9.0)  # virtual seconds: the clock jumps
             await asyncio.sleep(5.0)  # past the old bound: nothing fires
             return 7
 
