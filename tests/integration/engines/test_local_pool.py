@@ -30,5 +30,7 @@ def test_processes_past_the_grace_are_terminated_then_killed():
     stop_processes([quick, sleeper, deaf], grace=2.0)
     assert [p.is_alive() for p in (quick, sleeper, deaf)] == [False, False, False]
     assert quick.exitcode == 0
-    assert sleeper.exitcode == -signal.SIGTERM
+    # SIGTERM's default ends it with -SIGTERM; under coverage (make coverage), whose SIGTERM
+    # handler saves its data first, with 1.
+    assert sleeper.exitcode in (-signal.SIGTERM, 1)
     assert deaf.exitcode == -signal.SIGKILL
