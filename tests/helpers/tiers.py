@@ -37,7 +37,8 @@ def _counting_start(start: Any) -> Any:
 def _counting_popen(init: Any) -> Any:
     def counted(self: subprocess.Popen, args: Any, *rest: Any, **kw: Any) -> None:
         program = args if isinstance(args, str | bytes | os.PathLike) else next(iter(args), "")
-        _started[f"subprocess {os.path.basename(os.fsdecode(program)).split()[0]}"] += 1
+        name = (os.path.basename(os.fsdecode(program)).split() or ["?"])[0]
+        _started[f"subprocess {name}"] += 1
         init(self, args, *rest, **kw)
 
     return counted

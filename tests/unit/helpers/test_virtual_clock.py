@@ -43,8 +43,11 @@ def test_a_run_past_its_deadline_raises_stuck_with_the_stacks_before_cancelling(
 
 
 def test_a_run_that_ends_in_time_is_untouched():
-    """Inside its bound the block returns its value and leaves no timer behind."""
+    """Inside its bound the block returns its value and leaves no timer behind: nothing fires
+    (an expiry after the block would report an error to the loop's handler)."""
     with virtual_time(VirtualClockLoop()) as loop:
+        reported: list[dict] = []
+        loop.set_exception_handler(lambda _, context: reported.append(context))
 
         async def main() -> int:
             async with deadline(10.0):
@@ -54,6 +57,7 @@ def test_a_run_that_ends_in_time_is_untouched():
 
         assert loop.run_until_complete(main()) == 7
         assert loop.time() == pytest.approx(14.0)
+        assert reported == []
 
 
 def test_a_timeout_of_the_blocks_own_is_not_taken_for_a_hang():
